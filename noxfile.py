@@ -1,0 +1,185 @@
+"""Developer and CI sessions for the Iris monorepo.
+
+Run ``nox -s tests`` for the CPU test suite (Triton interpreter, no GPU needed),
+``nox -s gpu_tests`` on a machine with NVIDIA GPUs, ``nox -s lint``, ``nox -s build``
+and ``nox -s docs``. Sessions use the interpreter nox itself runs under.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "no"
+nox.options.sessions = ["tests"]
+
+ROOT = Path(__file__).resolve().parent
+
+# Pins for the heavy dependencies. Unpinned, pip resolves torch to a multi-GB CUDA build;
+# the CPU build of this version is available locally.
+TORCH = "torch==2.13.0"
+TRITON = "triton==3.6.0"
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6"]
+
+# Dependency order of the distributions; packages not listed here sort last, by name.
+KNOWN_ORDER = ["iris-mem", "iris-ccl", "iris-ops", "iris-compat"]
+# Import package of each distribution when it is not iris.<suffix>.
+IMPORT_OVERRIDES = {"iris-compat": "device"}
+
+
+def _discover_packages() -> list[str]:
+    found = [p.parent.name for p in (ROOT / "packages").glob("*/pyproject.toml")]
+
+    def order(name: str) -> tuple[int, str]:
+        return (KNOWN_ORDER.index(name) if name in KNOWN_ORDER else len(KNOWN_ORDER), name)
+
+    return sorted(found, key=order)
+
+
+PACKAGES = _discover_packages()
+
+
+def _import_name(dist: str) -> str:
+    """``iris-mem`` -> ``mem``; ``iris-compat`` -> ``device``."""
+    return IMPORT_OVERRIDES.get(dist, dist.removeprefix("iris-"))
+
+
+def _package_paths() -> list[str]:
+    return [f"./packages/{p}" for p in PACKAGES]
+
+
+def _test_dirs() -> list[str]:
+    return [f"packages/{p}/tests" for p in PACKAGES if (ROOT / "packages" / p / "tests").is_dir()]
+
+
+def _cpu_env() -> dict[str, str]:
+    return {"IRIS_BACKEND": "cpu", "TRITON_INTERPRET": "1"}
+
+
+def _run_pytest(session: nox.Session, *args: str, env: dict[str, str]) -> None:
+    test_dirs = _test_dirs()
+    if not test_dirs:
+        session.skip("no packages/*/tests directories found")
+    session.run("pytest", *test_dirs, *args, *session.posargs, env=env)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU test suite: pinned torch/triton, cpu backend, Triton interpreter."""
+    session.install(TORCH, TRITON)
+    session.install(TORCH, TRITON, *_package_paths(), *TEST_DEPS)
+    _run_pytest(session, env=_cpu_env())
+
+
+@nox.session
+def tests_latest(session: nox.Session) -> None:
+    """CPU test suite against the newest triton release (torch stays pinned)."""
+    session.install("--upgrade", TORCH, "triton")
+    session.install(TORCH, *_package_paths(), *TEST_DEPS)
+    session.run("python", "-c", "import triton; print('triton', triton.__version__)")
+    _run_pytest(session, env=_cpu_env())
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def gpu_tests(session: nox.Session) -> None:
+    """GPU tests (``-m gpu``) using the system's CUDA torch/triton; installs nothing heavy."""
+    if shutil.which("nvidia-smi") is None:
+        session.skip("nvidia-smi not found: no NVIDIA GPUs on this machine")
+    session.install("--no-deps", *_package_paths())
+    session.install(*TEST_DEPS)
+    _run_pytest(session, "-m", "gpu", env={"IRIS_BACKEND": "cuda"})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff lint and format check over the whole repository."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+def _check_wheel_contents(wheel: Path) -> None:
+    """Fail unless ``wheel`` holds only ``iris/<x>/**`` (its own package) and its dist-info.
+
+    The namespace ``iris`` is shared by all distributions (PEP 420), so a wheel that ships
+    ``iris/__init__.py`` or files of another subpackage would break the others.
+    """
+    dist = wheel.name.split("-")[0].replace("_", "-")
+    prefix = f"iris/{_import_name(dist)}/"
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    bad = [
+        n
+        for n in names
+        if n == "iris/__init__.py" or not (n.startswith(prefix) or n.split("/")[0].endswith(".dist-info"))
+    ]
+    if bad:
+        raise RuntimeError(f"{wheel.name}: entries outside {prefix} (or iris/__init__.py): {bad}")
+    if not any(n.startswith(prefix) for n in names):
+        raise RuntimeError(f"{wheel.name}: contains nothing under {prefix}")
+    print(f"{wheel.name}: {len(names)} entries, all under {prefix} or .dist-info/")
+
+
+_IMPORT_CHECK = """
+import importlib, importlib.metadata
+for dist, mod_name in [{pairs}]:
+    mod = importlib.import_module(mod_name)
+    assert mod.__file__ is not None, f"{{mod_name}} must be a regular package with an __init__.py"
+    version = getattr(mod, "__version__", None) or importlib.metadata.version(dist)
+    print(f"{{mod_name}} ({{dist}}) {{version}} from {{mod.__file__}}")
+import iris
+assert iris.__file__ is None, f"iris must be a namespace package, got {{iris.__file__}}"
+print("iris is a namespace package:", list(iris.__path__))
+"""
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build sdists and wheels, check them, and install the wheels into a fresh venv."""
+    session.install("build", "twine")
+    dist_dir = ROOT / "dist"
+    shutil.rmtree(dist_dir, ignore_errors=True)
+    for pkg in PACKAGES:
+        session.run("python", "-m", "build", "--outdir", str(dist_dir), f"packages/{pkg}")
+    session.run("twine", "check", *sorted(glob.glob(str(dist_dir / "*"))))
+
+    wheels = sorted(dist_dir.glob("*.whl"))
+    for wheel in wheels:
+        _check_wheel_contents(wheel)
+
+    pairs = ", ".join(f"({p!r}, {'iris.' + _import_name(p)!r})" for p in PACKAGES)
+    tmp = tempfile.mkdtemp(prefix="iris-wheel-check-")
+    try:
+        session.run("python", "-m", "venv", tmp)
+        py = os.path.join(tmp, "bin", "python")
+        session.run(py, "-m", "pip", "install", "--quiet", TORCH, TRITON, *map(str, wheels), external=True)
+        # -I: isolated mode, so neither the cwd nor PYTHONPATH can shadow the installed wheels.
+        session.run(
+            py, "-I", "-c", _IMPORT_CHECK.format(pairs=pairs), external=True, env={"IRIS_BACKEND": "cpu"}
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the Sphinx documentation, warnings as errors."""
+    session.install("sphinx", "myst-parser", TORCH, TRITON)
+    session.install(TORCH, TRITON, *_package_paths())
+    session.run(
+        "sphinx-build",
+        "-W",
+        "--keep-going",
+        "-b",
+        "html",
+        "docs",
+        "docs/_build/html",
+        env={"IRIS_BACKEND": "cpu"},
+    )

@@ -1,0 +1,27 @@
+"""iris.mem: the symmetric heap and remote memory access from Triton kernels.
+
+Host side: :func:`init` creates a :class:`SymmetricHeap`, whose torch-like factories
+allocate tensors that every rank can reach. Device side: :mod:`iris.mem.triton`
+(``Context`` and the functional ``load``/``store``/``get``/``put``/``copy``/``atomic_*``).
+
+Importing this package fixes how kernels run: with the ``cpu`` backend (``IRIS_BACKEND=cpu``,
+or no GPU visible) it turns on Triton's interpreter, unless ``TRITON_INTERPRET`` is set.
+"""
+
+from . import _env
+
+_env.configure_triton()
+
+from ._version import __version__  # noqa: E402
+from .errors import DeviceWaitTimeout, HeapMismatchError, HeapPointerError, IrisError  # noqa: E402
+from .heap import SymmetricHeap, init  # noqa: E402
+
+__all__ = [
+    "DeviceWaitTimeout",
+    "HeapMismatchError",
+    "HeapPointerError",
+    "IrisError",
+    "SymmetricHeap",
+    "__version__",
+    "init",
+]

@@ -1,0 +1,83 @@
+"""Environment settings read once, before any kernel is defined.
+
+Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or
+interpreted, so the choice of the CPU backend has to reach Triton before user kernels
+(and ours) are defined. Importing :mod:`iris.mem` therefore resolves the backend from the
+environment and, for the ``cpu`` backend, turns on Triton's interpreter
+(``TRITON_INTERPRET=1``) unless the caller already set ``TRITON_INTERPRET`` explicitly.
+
+Variables
+---------
+``IRIS_BACKEND``
+    ``cpu`` or ``cuda``; unset means ``cuda`` when a CUDA device is visible, else ``cpu``.
+``IRIS_DEBUG``
+    ``1`` turns on debug checks: every translated pointer is checked in the kernel to fall
+    inside the target heap, and every rank's allocation sequence is compared on the host.
+``IRIS_SPIN_LIMIT``
+    Iteration budget of every device-side wait (default: 2**31 on GPUs, 2_000_000 in the
+    interpreter, about half a minute there). A wait that runs out reports an error.
+"""
+
+from __future__ import annotations
+
+import os
+
+BACKENDS = ("cpu", "cuda")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def _cuda_visible() -> bool:
+    # Importing torch is cheap compared with CUDA initialisation; is_available() does not
+    # create a context.
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def requested_backend() -> str | None:
+    """The backend named by ``IRIS_BACKEND``, validated, or None."""
+    value = os.environ.get("IRIS_BACKEND", "").strip().lower()
+    if not value:
+        return None
+    if value not in BACKENDS:
+        raise ValueError(f"IRIS_BACKEND={value!r} is not a backend; use one of {', '.join(BACKENDS)}")
+    return value
+
+
+def default_backend() -> str:
+    """The backend used when :func:`iris.mem.init` is given none."""
+    return requested_backend() or ("cuda" if _cuda_visible() else "cpu")
+
+
+def interpreted() -> bool:
+    """Whether Triton kernels defined from now on run in Triton's interpreter."""
+    return _flag("TRITON_INTERPRET")
+
+
+def debug() -> bool:
+    """Whether ``IRIS_DEBUG`` asks for debug checks."""
+    return _flag("IRIS_DEBUG")
+
+
+def spin_limit() -> int:
+    """Iteration budget of device-side waits."""
+    value = os.environ.get("IRIS_SPIN_LIMIT", "").strip()
+    if value:
+        try:
+            limit = int(value)
+        except ValueError:
+            raise ValueError(f"IRIS_SPIN_LIMIT={value!r} is not an integer number of iterations") from None
+        if limit <= 0:
+            raise ValueError(f"IRIS_SPIN_LIMIT must be positive, got {limit}")
+        return limit
+    return 2_000_000 if interpreted() else 2**31 - 1
+
+
+def configure_triton() -> None:
+    """Turn on Triton's interpreter when the backend from the environment is ``cpu``."""
+    if "TRITON_INTERPRET" not in os.environ and default_backend() == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"

@@ -1,0 +1,130 @@
+"""Bring-up of torch.distributed and the communicator the heap uses on the host.
+
+The heap needs three host collectives: exchange small Python objects, barrier, and
+broadcast. They run over ``torch.distributed`` (gloo for the CPU backend, NCCL or gloo for
+CUDA) on the group the heap was created for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def host_timeout() -> datetime.timedelta:
+    """Timeout of host-side rendezvous and collectives (``IRIS_HOST_TIMEOUT`` seconds)."""
+    value = os.environ.get("IRIS_HOST_TIMEOUT", "").strip()
+    seconds = float(value) if value else DEFAULT_TIMEOUT_S
+    if seconds <= 0:
+        raise ValueError(f"IRIS_HOST_TIMEOUT must be positive, got {value!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+def ensure_initialized(backend: str) -> bool:
+    """Initialise the default process group if the caller has not.
+
+    Uses the launcher's environment (``torchrun`` sets ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT``); with none of it set, creates a world of one
+    through a private file store, so a single process needs no launcher.
+
+    :param backend: the heap backend (``cpu`` or ``cuda``), which picks gloo or NCCL.
+    :returns: True when this call created a private world of one, which the heap then
+        owns and destroys on close; a group made from the launcher's environment stays.
+    """
+    if dist.is_initialized():
+        return False
+    pg_backend = "gloo" if backend == "cpu" else "cuda:nccl,cpu:gloo"
+    present = [name for name in _LAUNCHER_VARS if name in os.environ]
+    if present and len(present) < len(_LAUNCHER_VARS):
+        missing = sorted(set(_LAUNCHER_VARS) - set(present))
+        raise RuntimeError(
+            f"torch.distributed environment is incomplete: {', '.join(missing)} not set. "
+            "Launch with torchrun, or call torch.distributed.init_process_group() before iris.mem.init()."
+        )
+    if present:
+        if backend == "cuda":
+            torch.cuda.set_device(
+                int(os.environ.get("LOCAL_RANK", os.environ["RANK"])) % torch.cuda.device_count()
+            )
+        dist.init_process_group(backend=pg_backend, init_method="env://", timeout=host_timeout())
+        return False
+    # World of one: a file store in a fresh private directory, removed at once (the
+    # store keeps its open file).
+    folder = tempfile.mkdtemp(prefix="iris-world-")
+    store_path = os.path.join(folder, "store")
+    try:
+        dist.init_process_group(
+            backend=pg_backend,
+            init_method=f"file://{store_path}",
+            rank=0,
+            world_size=1,
+            timeout=host_timeout(),
+        )
+    finally:
+        for path in (store_path, folder):
+            try:
+                os.remove(path) if path == store_path else os.rmdir(path)
+            except OSError:
+                pass
+    return True
+
+
+class Communicator:
+    """Host collectives over one torch.distributed group.
+
+    :param group: the process group, or None for the default (world) group.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the group passed to iris.mem.init()")
+        self.global_ranks: list[int] = (
+            list(range(self.world_size)) if group is None else list(dist.get_process_group_ranks(group))
+        )
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Gather one picklable object from every rank, in rank order."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """Broadcast a picklable object from group rank ``src``."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.global_ranks[src], group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Host barrier over the group."""
+        dist.barrier(group=self.group)
+
+    def global_rank(self, rank: int) -> int:
+        """Global rank of group rank ``rank``."""
+        return self.global_ranks[rank]
+
+
+def resolve_group(group: dist.ProcessGroup | Sequence[int] | None) -> dist.ProcessGroup | None:
+    """Accept a process group, a list of global ranks, or None (world)."""
+    if group is None or isinstance(group, dist.ProcessGroup):
+        return group
+    ranks = list(group)
+    if not ranks or any(not isinstance(r, int) for r in ranks):
+        raise TypeError(f"group must be a ProcessGroup or a non-empty list of int ranks, got {group!r}")
+    world = dist.get_world_size()
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad or len(set(ranks)) != len(ranks):
+        raise ValueError(f"group ranks {ranks} must be distinct and in [0, {world})")
+    # new_group is collective over the whole world.
+    return dist.new_group(ranks=sorted(ranks))

@@ -1,0 +1,19 @@
+"""Exceptions raised by :mod:`iris.mem`."""
+
+from __future__ import annotations
+
+
+class IrisError(RuntimeError):
+    """Base class of the errors Iris raises for problems it detects itself."""
+
+
+class HeapMismatchError(IrisError):
+    """Ranks disagree about the symmetric heap (size or allocation sequence)."""
+
+
+class DeviceWaitTimeout(IrisError):
+    """A device-side wait (barrier, flag) ran out of its spin budget."""
+
+
+class HeapPointerError(IrisError):
+    """A translated pointer falls outside the target rank's heap (debug mode)."""

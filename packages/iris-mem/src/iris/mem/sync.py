@@ -1,0 +1,57 @@
+"""Device-side barrier across the ranks of a heap (stream-ordered, graph-capturable)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import triton
+import triton.language as tl
+
+from .triton import ops
+
+if TYPE_CHECKING:
+    from .heap import SymmetricHeap
+
+
+@triton.jit
+def _device_barrier_kernel(
+    flags,
+    epoch_ptr,
+    status,
+    heap_bases,
+    max_spins,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+):
+    """One program: bump the local generation, publish it in every peer's ``flags[RANK]``
+    (release, system scope), then wait (acquire) until every ``flags[peer]`` here has
+    reached it. On running out of ``max_spins`` iterations, record
+    ``[1, RANK, peer, flag address]`` in ``status`` and return."""
+    epoch = tl.load(epoch_ptr) + 1
+    tl.store(epoch_ptr, epoch)
+    for peer in tl.static_range(WORLD):
+        ops.atomic_max(flags + RANK, epoch, RANK, peer, heap_bases, sem="release", scope="sys")
+    for peer in tl.static_range(WORLD):
+        spins = epoch * 0
+        seen = tl.atomic_add(flags + peer, 0, sem="acquire", scope="sys")
+        while (seen < epoch) & (spins < max_spins):
+            seen = tl.atomic_add(flags + peer, 0, sem="acquire", scope="sys")
+            spins += 1
+        if seen < epoch:
+            if tl.atomic_cas(status, 0, 1, sem="relaxed", scope="gpu") == 0:
+                tl.store(status + 1, RANK)
+                tl.store(status + 2, peer)
+                tl.store(status + 3, (flags + peer).to(tl.int64, bitcast=True))
+
+
+def launch_device_barrier(heap: SymmetricHeap, max_spins: int) -> None:
+    """Queue the barrier kernel for ``heap`` on the current stream."""
+    _device_barrier_kernel[(1,)](
+        heap._barrier_flags,
+        heap._barrier_epoch,
+        heap._status,
+        heap.get_heap_bases(),
+        max_spins,
+        RANK=heap.rank,
+        WORLD=heap.world_size,
+    )

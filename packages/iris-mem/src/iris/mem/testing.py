@@ -1,0 +1,192 @@
+"""Launch a real multi-process world on this machine, for tests and examples.
+
+:func:`run_world` starts ``world_size`` fresh processes joined by torch.distributed (a
+file store in a private temporary folder, so concurrent worlds never collide), runs a
+function in each, and returns what every rank returned. A rank that raises, crashes or
+outlives the deadline fails the whole world: every rank is killed at the deadline and
+the error names the ranks and shows their tracebacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_PRELOAD = ["torch", "triton", "triton.language"]
+
+
+@dataclasses.dataclass
+class RankResult:
+    """What one rank of a world did: its exit code, return value or error text."""
+
+    rank: int
+    exitcode: int | None
+    value: Any = None
+    error: str | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exitcode == 0 and self.error is None and not self.timed_out
+
+
+class WorldError(RuntimeError):
+    """One or more ranks of a world failed, crashed or timed out."""
+
+    def __init__(self, message: str, results: list[RankResult]):
+        super().__init__(message)
+        self.results = results
+
+
+def _worker(
+    payload: bytes,
+    rank: int,
+    world_size: int,
+    store: str,
+    result_path: str,
+    env: Mapping[str, str],
+    timeout_s: float,
+) -> None:
+    os.environ.update(env)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
+    code = 1
+    outcome: dict[str, Any]
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        fn, args, kwargs, backend = pickle.loads(payload)
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        try:
+            value = fn(rank, world_size, *args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+        outcome = {"value": value}
+        code = 0
+    except BaseException:  # noqa: BLE001 - report everything, including SystemExit
+        outcome = {"error": traceback.format_exc()}
+    try:
+        with open(result_path, "wb") as f:
+            pickle.dump(outcome, f)
+    except Exception:  # noqa: BLE001 - an unpicklable return value becomes an error
+        with open(result_path, "wb") as f:
+            pickle.dump({"error": f"rank {rank} returned an unpicklable value\n{traceback.format_exc()}"}, f)
+        code = 1
+    os._exit(code)
+
+
+def launch_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    backend: str = "gloo",
+    **kwargs: Any,
+) -> list[RankResult]:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` new processes.
+
+    :param fn: a module-level (picklable) function.
+    :param timeout: seconds until every rank still running is killed (SIGKILL).
+    :param env: extra environment variables for the ranks (set before ``fn`` runs, so
+        variables read at import, like ``IRIS_DEBUG``, take effect in modules ``fn``
+        imports).
+    :param backend: torch.distributed backend of the ranks' default group.
+    :returns: one :class:`RankResult` per rank; never raises for a rank's failure.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    folder = tempfile.mkdtemp(prefix="iris-world-")
+    store = os.path.join(folder, "store")
+    payload = pickle.dumps((fn, args, kwargs, backend))
+    rank_env = {"IRIS_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+    rank_env.update(env or {})
+    procs = []
+    try:
+        for rank in range(world_size):
+            path = os.path.join(folder, f"rank{rank}.pkl")
+            p = ctx.Process(
+                target=_worker,
+                args=(payload, rank, world_size, store, path, rank_env, timeout),
+                name=f"iris-rank{rank}",
+            )
+            p.start()
+            procs.append(p)
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        timed_out = [p.is_alive() for p in procs]
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+        for p in procs:
+            p.join()
+        results = []
+        for rank, p in enumerate(procs):
+            path = os.path.join(folder, f"rank{rank}.pkl")
+            result = RankResult(rank, p.exitcode, timed_out=timed_out[rank])
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    outcome = pickle.load(f)
+                result.value = outcome.get("value")
+                result.error = outcome.get("error")
+            elif timed_out[rank]:
+                result.error = f"rank {rank} was still running after {timeout:g} s and was killed"
+            else:
+                result.error = f"rank {rank} died with exit code {p.exitcode} before reporting"
+            results.append(result)
+        return results
+    finally:
+        for p in procs:
+            if p.is_alive():  # only on an exception in this function
+                os.kill(p.pid, signal.SIGKILL)
+                p.join()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    backend: str = "gloo",
+    **kwargs: Any,
+) -> list[Any]:
+    """Like :func:`launch_world`, but return the ranks' values and raise
+    :class:`WorldError` (with every failing rank's traceback) unless all ranks succeeded."""
+    results = launch_world(fn, world_size, *args, timeout=timeout, env=env, backend=backend, **kwargs)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        parts = []
+        for r in failed:
+            what = "timed out" if r.timed_out else f"exit code {r.exitcode}"
+            parts.append(f"--- rank {r.rank} ({what}) ---\n{r.error or ''}")
+        raise WorldError(
+            f"{len(failed)} of {world_size} ranks failed:\n" + "\n".join(parts),
+            results,
+        )
+    return [r.value for r in results]
+
+
+__all__ = ["RankResult", "WorldError", "launch_world", "run_world"]

@@ -1,0 +1,40 @@
+"""Device-side API for Triton kernels: :class:`Context` and the functional RMA forms."""
+
+from .context import HEAP_BASES_OFFSET, Context
+from .ops import (
+    atomic_add,
+    atomic_and,
+    atomic_cas,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_sub,
+    atomic_xchg,
+    atomic_xor,
+    copy,
+    get,
+    load,
+    put,
+    store,
+    translate,
+)
+
+__all__ = [
+    "HEAP_BASES_OFFSET",
+    "Context",
+    "atomic_add",
+    "atomic_and",
+    "atomic_cas",
+    "atomic_max",
+    "atomic_min",
+    "atomic_or",
+    "atomic_sub",
+    "atomic_xchg",
+    "atomic_xor",
+    "copy",
+    "get",
+    "load",
+    "put",
+    "store",
+    "translate",
+]

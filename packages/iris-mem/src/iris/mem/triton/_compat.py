@@ -1,0 +1,38 @@
+"""Small adapters that let the same device code run compiled and in Triton's interpreter."""
+
+from __future__ import annotations
+
+import functools
+
+from triton.language.core import _aggregate
+
+
+class _BoundInterpreted:
+    """Descriptor binding an interpreted ``@triton.jit`` method to its aggregate instance."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        functools.update_wrapper(self, fn.fn if hasattr(fn, "fn") else fn)
+
+    def __get__(self, obj, objtype=None):
+        return self.fn if obj is None else functools.partial(self.fn, obj)
+
+
+def aggregate(cls):
+    """``triton.language.core._aggregate`` that also works in the interpreter.
+
+    Triton's aggregate attaches ``@triton.jit`` methods only when they are compiled
+    ``JITFunction`` objects; under ``TRITON_INTERPRET=1`` they are ``InterpretedFunction``
+    objects, which it skips. Attach those here, bound like ordinary methods.
+    """
+    out = _aggregate(cls)
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover - Triton without an interpreter
+        return out
+    for name, member in vars(cls).items():
+        if isinstance(member, staticmethod) and isinstance(member.__func__, InterpretedFunction):
+            setattr(out, name, member)
+        elif isinstance(member, InterpretedFunction):
+            setattr(out, name, _BoundInterpreted(member))
+    return out

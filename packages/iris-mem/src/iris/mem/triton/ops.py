@@ -1,0 +1,260 @@
+"""Remote memory access from Triton kernels: the functional API.
+
+Every function takes ``heap_bases`` (``heap.get_heap_bases()``) and two ranks, and
+translates a pointer that is valid in one rank's heap into the same offset of another
+rank's heap. Argument orders follow the reference Iris API, so code ports by changing
+imports; note that they differ between functions:
+
+* ``load(pointer, to_rank, from_rank, ...)``: ``to_rank`` is the calling rank, the data
+  comes *from* ``from_rank``.
+* ``store(pointer, value, from_rank, to_rank, ...)``: ``from_rank`` is the calling rank.
+* atomics ``(pointer, val, from_rank, to_rank, ...)``: ``from_rank`` is the calling rank.
+
+Memory model: ``sem`` is one of ``"acquire"``, ``"release"``, ``"acq_rel"`` (default) or
+``"relaxed"``; ``scope`` one of ``"cta"``, ``"gpu"`` (default) or ``"sys"``. A flag that
+another GPU (or process) polls must be written and read with ``scope="sys"``.
+
+``hint`` (a constexpr int or tuple) re-asserts alignment and contiguity of the
+translated pointer (``tl.multiple_of`` + ``tl.max_contiguous``), so accesses stay
+vectorised after translation: pass the block's contiguous length, e.g. ``hint=16`` or
+``hint=(1, BLOCK_N)``.
+
+With ``IRIS_DEBUG=1`` set before import, every translation checks that the target
+offset falls inside the heap and stops the kernel with a message naming the rank, the
+peer and the offset.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import _env
+from ..errors import HeapPointerError
+
+_DEBUG: tl.constexpr = tl.constexpr(_env.debug())
+#: Word of the context tensor, counted back from ``heap_bases``, holding the heap size.
+_HEAP_SIZE_WORD: tl.constexpr = tl.constexpr(-2)
+
+if _env.interpreted():
+
+    def _out_of_heap(from_rank, to_rank, offset, heap_size):
+        """Interpreter: raise a Python exception naming rank, peer and offset."""
+
+        def value(x):
+            return int(getattr(getattr(x, "handle", x), "data", x).item() if hasattr(x, "handle") else x)
+
+        raise HeapPointerError(
+            f"IRIS_DEBUG: rank {value(from_rank)} translated a pointer to rank {value(to_rank)} at "
+            f"byte offset {value(offset)} (as unsigned), outside the {value(heap_size)}-byte symmetric heap: "
+            "the pointer was not into this rank's heap, or the offset runs past the allocation"
+        )
+
+else:
+
+    @triton.jit
+    def _out_of_heap(from_rank, to_rank, offset, heap_size):
+        """Compiled: print the culprit, then trap (stops the kernel without TRITON_DEBUG)."""
+        tl.device_print(
+            "IRIS_DEBUG pointer outside the symmetric heap: rank, peer, byte offset, heap bytes",
+            from_rank,
+            to_rank,
+            offset,
+            heap_size,
+        )
+        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _check_in_heap(offset, from_rank, to_rank, heap_bases, mask):
+    heap_size = tl.load(heap_bases + _HEAP_SIZE_WORD).to(tl.uint64)
+    bad = offset >= heap_size  # unsigned: a pointer below the base wraps to a huge offset
+    if mask is not None:
+        bad = bad & mask
+    bad_lanes = tl.ravel(bad.to(tl.int32) + tl.zeros([1], dtype=tl.int32))
+    if tl.sum(bad_lanes, axis=0) > 0:
+        worst = tl.max(tl.ravel(tl.where(bad, offset, 0) + tl.zeros([1], dtype=tl.uint64)), axis=0)
+        _out_of_heap(from_rank, to_rank, worst, heap_size)
+
+
+@triton.jit
+def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, mask=None):
+    """Translate ``ptr`` from ``from_rank``'s heap to the same offset in ``to_rank``'s heap.
+
+    :param ptr: pointer or block of pointers into ``from_rank``'s heap, as mapped in this
+        process.
+    :param from_rank: rank whose heap ``ptr`` points into.
+    :param to_rank: rank whose heap the result points into.
+    :param heap_bases: pointer to the int64 table of heap bases (``heap.get_heap_bases()``).
+    :param hint: optional contiguity/alignment hint re-applied to the result.
+    :param mask: lanes to check in debug mode (masked-out lanes may hold any pointer).
+    :returns: pointer(s) of the same type as ``ptr``, valid in this process only.
+    """
+    from_base = tl.load(heap_bases + from_rank)
+    to_base = tl.load(heap_bases + to_rank)
+    offset = ptr.to(tl.uint64, bitcast=True) - from_base.to(tl.uint64)
+    if _DEBUG:
+        _check_in_heap(offset, from_rank, to_rank, heap_bases, mask)
+    translated = (to_base.to(tl.pointer_type(tl.int8)) + offset).to(ptr.dtype, bitcast=True)
+    if hint is not None:
+        translated = tl.max_contiguous(tl.multiple_of(translated, hint), hint)
+    return translated
+
+
+@triton.jit
+def load(
+    pointer,
+    to_rank,
+    from_rank,
+    heap_bases,
+    mask=None,
+    other=None,
+    cache_modifier=None,
+    volatile=False,
+    hint=None,
+):
+    """Load from ``from_rank``'s heap at the offset of ``pointer`` (valid for ``to_rank``,
+    the calling rank). Returns the loaded block."""
+    src = translate(pointer, to_rank, from_rank, heap_bases, hint, mask)
+    return tl.load(src, mask=mask, other=other, cache_modifier=cache_modifier, volatile=volatile)
+
+
+@triton.jit
+def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint=None, cache_modifier=None):
+    """Store ``value`` into ``to_rank``'s heap at the offset of ``pointer`` (valid for
+    ``from_rank``, the calling rank)."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    tl.store(dst, value, mask=mask, cache_modifier=cache_modifier)
+
+
+@triton.jit
+def copy(
+    src_ptr,
+    dst_ptr,
+    from_rank,
+    to_rank,
+    cur_rank,
+    heap_bases,
+    mask=None,
+    other=None,
+    load_cache_modifier=None,
+    store_cache_modifier=None,
+    hint=None,
+):
+    """Copy from ``from_rank``'s heap at ``src_ptr`` to ``to_rank``'s heap at ``dst_ptr``.
+
+    Both pointers are given in ``cur_rank``'s (the calling rank's) address space; either
+    end may be local or remote.
+    """
+    src = translate(src_ptr, cur_rank, from_rank, heap_bases, hint, mask)
+    dst = translate(dst_ptr, cur_rank, to_rank, heap_bases, hint, mask)
+    data = tl.load(src, mask=mask, other=other, cache_modifier=load_cache_modifier)
+    tl.store(dst, data, mask=mask, cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def get(
+    from_ptr,
+    to_ptr,
+    from_rank,
+    to_rank,
+    heap_bases,
+    mask=None,
+    other=None,
+    load_cache_modifier=None,
+    store_cache_modifier=None,
+    hint=None,
+):
+    """Remote read: load ``from_rank``'s data at ``from_ptr`` and store it locally at
+    ``to_ptr``. ``to_rank`` is the calling rank; both pointers are in its space."""
+    src = translate(from_ptr, to_rank, from_rank, heap_bases, hint, mask)
+    data = tl.load(src, mask=mask, other=other, cache_modifier=load_cache_modifier)
+    tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def put(
+    from_ptr,
+    to_ptr,
+    from_rank,
+    to_rank,
+    heap_bases,
+    mask=None,
+    other=None,
+    load_cache_modifier=None,
+    store_cache_modifier=None,
+    hint=None,
+):
+    """Remote write: load local data at ``from_ptr`` and store it into ``to_rank``'s heap
+    at ``to_ptr``. ``from_rank`` is the calling rank; both pointers are in its space."""
+    data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+    dst = translate(to_ptr, from_rank, to_rank, heap_bases, hint, mask)
+    tl.store(dst, data, mask=mask, cache_modifier=store_cache_modifier)
+
+
+# --------------------------------------------------------------------------- atomics
+# Each returns the previous value(s) at the target, like Triton's own atomics.
+
+
+@triton.jit
+def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomically add ``val`` at ``pointer`` in ``to_rank``'s heap."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_add(dst, val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_sub(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomically subtract ``val`` at ``pointer`` in ``to_rank``'s heap."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_add(dst, -val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomically exchange the value at ``pointer`` in ``to_rank``'s heap with ``val``."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_xchg(dst, val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_xor(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomic bitwise xor at ``pointer`` in ``to_rank``'s heap."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_xor(dst, val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_and(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomic bitwise and at ``pointer`` in ``to_rank``'s heap."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_and(dst, val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomic bitwise or at ``pointer`` in ``to_rank``'s heap."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_or(dst, val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_min(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomic minimum at ``pointer`` in ``to_rank``'s heap."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_min(dst, val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
+    """Atomic maximum at ``pointer`` in ``to_rank``'s heap."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    return tl.atomic_max(dst, val, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scope=None, hint=None):
+    """Atomic compare-and-swap at ``pointer`` in ``to_rank``'s heap: where the value equals
+    ``cmp``, write ``val``. Returns the previous value (equal to ``cmp`` on success)."""
+    dst = translate(pointer, from_rank, to_rank, heap_bases, hint)
+    return tl.atomic_cas(dst, cmp, val, sem=sem, scope=scope)
