@@ -38,7 +38,8 @@ def _device_barrier_kernel(
             seen = tl.atomic_add(flags + peer, 0, sem="acquire", scope="sys")
             spins += 1
         if seen < epoch:
-            if tl.atomic_cas(status, 0, 1, sem="relaxed", scope="gpu") == 0:
+            timeout_code = tl.full([], 1, tl.int64)
+            if tl.atomic_cas(status, timeout_code - 1, timeout_code, sem="relaxed", scope="gpu") == 0:
                 tl.store(status + 1, RANK)
                 tl.store(status + 2, peer)
                 tl.store(status + 3, (flags + peer).to(tl.int64, bitcast=True))

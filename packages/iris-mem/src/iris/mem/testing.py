@@ -15,6 +15,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -55,7 +56,11 @@ def _worker(
     result_path: str,
     env: Mapping[str, str],
     timeout_s: float,
+    sys_path: list[str],
 ) -> None:
+    # The function is unpickled by reference: make the launcher's modules importable,
+    # and set the environment first, since modules read some variables at import.
+    sys.path[:] = sys_path + [p for p in sys.path if p not in sys_path]
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
     code = 1
@@ -119,7 +124,11 @@ def launch_world(
     folder = tempfile.mkdtemp(prefix="iris-world-")
     store = os.path.join(folder, "store")
     payload = pickle.dumps((fn, args, kwargs, backend))
-    rank_env = {"IRIS_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+    # Ranks use the backend named by env, else by this process's IRIS_BACKEND, else cpu.
+    iris_backend = (env or {}).get("IRIS_BACKEND") or os.environ.get("IRIS_BACKEND") or "cpu"
+    rank_env = {"IRIS_BACKEND": iris_backend, "OMP_NUM_THREADS": "1"}
+    if iris_backend == "cpu":
+        rank_env["TRITON_INTERPRET"] = "1"
     rank_env.update(env or {})
     procs = []
     try:
@@ -127,7 +136,7 @@ def launch_world(
             path = os.path.join(folder, f"rank{rank}.pkl")
             p = ctx.Process(
                 target=_worker,
-                args=(payload, rank, world_size, store, path, rank_env, timeout),
+                args=(payload, rank, world_size, store, path, rank_env, timeout, list(sys.path)),
                 name=f"iris-rank{rank}",
             )
             p.start()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import functools
 
 from triton.language.core import _aggregate
+from triton.runtime.jit import constexpr_function
+
+__all__ = ["aggregate", "constexpr_function"]
 
 
 class _BoundInterpreted:

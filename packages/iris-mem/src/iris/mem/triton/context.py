@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from . import ops
-from ._compat import aggregate
+from ._compat import aggregate, constexpr_function
 from .ops import translate
 
 #: Index of the first heap base in the context tensor (see ``SymmetricHeap.get_device_context``).
@@ -41,6 +41,7 @@ class Context:
     heap_bases: tl.tensor
     tracing: tl.constexpr
 
+    @constexpr_function
     def __init__(self, rank, world_size, heap_bases, tracing):
         self.rank = tl.constexpr(rank)
         self.world_size = tl.constexpr(world_size)

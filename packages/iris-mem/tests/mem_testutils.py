@@ -1,0 +1,19 @@
+"""Helpers shared by the iris-mem tests (imported by name; the tests folder is on sys.path)."""
+
+import torch
+
+#: The dtypes every RMA test covers.
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+#: World sizes every multi-rank test covers (3 is deliberately odd).
+WORLD_SIZES = [1, 2, 3, 4]
+#: Heap size of test worlds (small: CPU shared memory, many ranks at once).
+HEAP = 1 << 22
+
+
+def pattern(n: int, dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tensor:
+    """Distinct, exactly representable values per (rank, salt, index) for any dtype."""
+    base = torch.arange(n, dtype=torch.int64) % 97 + 1 + rank * 101 + salt * 7
+    if dtype.is_floating_point:
+        base = base % 120  # with the .5 below, at most 8 significant bits: exact in bf16
+        return base.to(dtype) + 0.5 * (rank % 2)
+    return base.to(dtype)
