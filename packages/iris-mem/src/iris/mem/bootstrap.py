@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -88,8 +87,6 @@ class Communicator:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        if self.rank < 0:
-            raise ValueError("this process is not a member of the group passed to iris.mem.init()")
         self.global_ranks: list[int] = (
             list(range(self.world_size)) if group is None else list(dist.get_process_group_ranks(group))
         )
@@ -115,16 +112,16 @@ class Communicator:
         return self.global_ranks[rank]
 
 
-def resolve_group(group: dist.ProcessGroup | Sequence[int] | None) -> dist.ProcessGroup | None:
-    """Accept a process group, a list of global ranks, or None (world)."""
-    if group is None or isinstance(group, dist.ProcessGroup):
-        return group
-    ranks = list(group)
-    if not ranks or any(not isinstance(r, int) for r in ranks):
-        raise TypeError(f"group must be a ProcessGroup or a non-empty list of int ranks, got {group!r}")
-    world = dist.get_world_size()
-    bad = [r for r in ranks if not 0 <= r < world]
-    if bad or len(set(ranks)) != len(ranks):
-        raise ValueError(f"group ranks {ranks} must be distinct and in [0, {world})")
-    # new_group is collective over the whole world.
-    return dist.new_group(ranks=sorted(ranks))
+def resolve_group(group: Any) -> dist.ProcessGroup | None:
+    """Validate ``group``: a torch.distributed ProcessGroup this rank belongs to, or None."""
+    if group is None:
+        return None
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this process is not a member of the group passed to iris.mem.init()")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"group must be a torch.distributed ProcessGroup (from dist.new_group) or None, got {group!r}"
+        )
+    if dist.get_rank(group) < 0:
+        raise ValueError("this process is not a member of the group passed to iris.mem.init()")
+    return group

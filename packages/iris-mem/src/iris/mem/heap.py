@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -62,7 +61,7 @@ class SymmetricHeap:
         heap_size: int = 1 << 30,
         *,
         backend: str | None = None,
-        group: dist.ProcessGroup | Sequence[int] | None = None,
+        group: dist.ProcessGroup | None = None,
     ):
         if isinstance(heap_size, bool) or not isinstance(heap_size, numbers.Integral) or heap_size <= 0:
             raise ValueError(f"heap_size must be a positive number of bytes, got {heap_size!r}")
@@ -174,7 +173,8 @@ class SymmetricHeap:
         if check and self.debug:
             self._check_sequence(offset, nbytes, shape, dtype)
         self._offset = end
-        self._allocations += 1
+        if check:  # number user allocations from 0; internal ones come first on every rank
+            self._allocations += 1
         return self._heap[offset : offset + nbytes].view(dtype).view(shape)
 
     def _check_sequence(self, offset: int, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -343,7 +343,10 @@ class SymmetricHeap:
         if tensor.device != self.device:
             return False
         if tensor.numel() == 0:
-            start = end = tensor.data_ptr()
+            # data_ptr() of an empty tensor is 0; its storage offset still says where it is.
+            start = end = (
+                tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
+            )
         else:
             lo = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if st < 0)
             hi = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if st > 0)
@@ -440,14 +443,15 @@ def init(
     heap_size: int = 1 << 30,
     *,
     backend: str | None = None,
-    group: dist.ProcessGroup | Sequence[int] | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> SymmetricHeap:
     """Create the symmetric heap of this job (collective: every rank of ``group`` calls it).
 
     :param heap_size: bytes per rank (rounded up to 256), the same on every rank.
     :param backend: ``"cpu"`` or ``"cuda"``; None reads ``IRIS_BACKEND``, else picks
         ``cuda`` when a GPU is visible and ``cpu`` otherwise.
-    :param group: a torch.distributed group or a list of global ranks; None is the world.
+    :param group: a torch.distributed group (``dist.new_group``) of which this process is a
+        member; the heap spans its ranks, numbered by group rank. None is the world.
         torch.distributed is initialised from the launcher's environment (torchrun) if the
         caller has not; a lone process needs no launcher.
     """

@@ -80,6 +80,9 @@ def _worker(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        # Finish the rendezvous on every rank before any rank can run ahead, finish and
+        # tear its connections down under a peer that is still connecting.
+        dist.barrier()
         try:
             value = fn(rank, world_size, *args, **kwargs)
         finally:

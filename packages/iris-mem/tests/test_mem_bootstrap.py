@@ -1,0 +1,87 @@
+"""Bring-up without a launcher, environment errors, and the PEP 420 namespace."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[3]
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+
+
+def run_python(code: str, **env_changes: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    for key, value in env_changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+WORLD_OF_ONE = """
+import torch, triton, triton.language as tl
+import iris.mem
+from iris.mem.triton import Context
+
+@triton.jit
+def kernel(context, buf, RANK: tl.constexpr, WORLD: tl.constexpr):
+    ctx = Context.initialize(context, RANK, WORLD)
+    offs = tl.arange(0, 8)
+    ctx.store(buf + offs, offs.to(tl.float32) * 2, 0)
+
+with iris.mem.init(1 << 20) as heap:
+    buf = heap.zeros(8)
+    kernel[(1,)](heap.get_device_context(), buf, RANK=heap.rank, WORLD=heap.world_size)
+    assert torch.equal(buf, torch.arange(8.0) * 2), buf
+    print("ok", heap.rank, heap.world_size, heap.backend)
+import torch.distributed as dist
+print("destroyed", not dist.is_initialized())
+"""
+
+
+def test_world_of_one_needs_no_launcher():
+    # Nothing set: importing iris.mem on a machine without a GPU picks cpu and the interpreter.
+    done = run_python(WORLD_OF_ONE, IRIS_BACKEND=None, TRITON_INTERPRET=None)
+    assert done.returncode == 0, done.stderr
+    assert "ok 0 1 cpu" in done.stdout and "destroyed True" in done.stdout
+
+
+def test_incomplete_launcher_environment_is_named():
+    done = run_python("import iris.mem; iris.mem.init(1 << 20)", RANK="0", WORLD_SIZE="2")
+    assert done.returncode != 0
+    assert "MASTER_ADDR" in done.stderr and "MASTER_PORT" in done.stderr and "torchrun" in done.stderr
+
+
+def test_cpu_backend_without_interpreter_says_what_to_set():
+    done = run_python(
+        "import iris.mem; iris.mem.init(1 << 20, backend='cpu')", IRIS_BACKEND=None, TRITON_INTERPRET="0"
+    )
+    assert done.returncode != 0
+    assert (
+        "RuntimeError" in done.stderr
+        and "TRITON_INTERPRET" in done.stderr
+        and "IRIS_BACKEND=cpu" in done.stderr
+    )
+
+
+def test_unknown_backend_in_environment():
+    done = run_python("import iris.mem; iris.mem.init(1 << 20)", IRIS_BACKEND="tpu")
+    assert done.returncode != 0 and "IRIS_BACKEND='tpu'" in done.stderr
+
+
+def test_no_package_puts_a_file_directly_under_src_iris():
+    packages = sorted((REPO / "packages").glob("*/src/iris"))
+    assert packages, "no packages found"
+    for src_iris in packages:
+        direct_files = [p.name for p in src_iris.iterdir() if p.is_file()]
+        assert direct_files == [], f"{src_iris} holds {direct_files}: iris must stay a PEP 420 namespace"
+
+
+def test_iris_is_a_namespace_package():
+    done = run_python("import iris, iris.mem; print(iris.__file__, type(iris.__path__).__name__)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "_NamespacePath"]

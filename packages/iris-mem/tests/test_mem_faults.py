@@ -1,0 +1,90 @@
+"""Failures end in errors, never hangs, and leave nothing behind in /dev/shm.
+
+The autouse fixture in conftest.py fails any test that leaves a segment of ours behind.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+from mem_testutils import HEAP
+
+import iris.mem
+from iris.mem.testing import launch_world, run_world
+
+pytestmark = pytest.mark.timeout(300)
+SHORT_SPIN = {"IRIS_SPIN_LIMIT": "20000"}
+
+
+def killed_after_init_body(rank, world_size):
+    heap = iris.mem.init(HEAP)
+    heap.zeros(1000).fill_(rank)
+    heap.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    heap.close()
+    return "survived"
+
+
+def test_sigkilled_rank_leaves_no_segment():
+    results = launch_world(killed_after_init_body, 3, timeout=60)
+    assert results[1].exitcode == -signal.SIGKILL
+    assert results[0].value == "survived" and results[2].value == "survived"
+
+
+def missing_peer_body(rank, world_size, kill):
+    with iris.mem.init(HEAP) as heap:
+        heap.barrier()
+        if rank == world_size - 1:
+            if kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return "absent"  # never arrives at the device barrier
+        started = time.monotonic()
+        try:
+            heap.device_barrier()
+        except iris.mem.DeviceWaitTimeout as e:
+            return str(e), time.monotonic() - started
+        return "no error"
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["absent", "sigkilled"])
+def test_missing_peer_turns_into_an_error(kill):
+    world = 3
+    results = launch_world(missing_peer_body, world, kill, timeout=90, env=SHORT_SPIN)
+    for rank in range(world - 1):
+        assert results[rank].ok, results[rank].error
+        message, seconds = results[rank].value
+        assert f"rank {rank}: device_barrier gave up waiting for rank {world - 1}" in message
+        assert "IRIS_SPIN_LIMIT=20000" in message and "flag at address 0x" in message
+        assert seconds < 60
+    if kill:
+        assert results[world - 1].exitcode == -signal.SIGKILL
+
+
+def sleeper_body(rank, world_size):
+    if rank == 0:
+        time.sleep(3600)
+    return rank
+
+
+def test_hung_rank_is_killed_at_the_deadline():
+    started = time.monotonic()
+    results = launch_world(sleeper_body, 2, timeout=5)
+    elapsed = time.monotonic() - started
+    assert results[0].timed_out and not results[0].ok and "killed" in results[0].error
+    assert results[1].ok and results[1].value == 1
+    assert elapsed < 30
+
+
+def raising_body(rank, world_size):
+    if rank == 1:
+        raise ValueError("boom from rank 1")
+    return rank
+
+
+def test_run_world_reports_the_failing_rank():
+    with pytest.raises(Exception, match="boom from rank 1") as info:
+        run_world(raising_body, 2, timeout=60)
+    assert "rank 1" in str(info.value)
