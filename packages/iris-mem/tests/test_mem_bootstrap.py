@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,12 @@ def run_python(code: str, **env_changes: str | None) -> subprocess.CompletedProc
             env.pop(key, None)
         else:
             env[key] = value
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory() as folder:  # a file: compiled @triton.jit needs source
+        script = Path(folder) / "script.py"
+        script.write_text(code)
+        return subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+        )
 
 
 WORLD_OF_ONE = """
@@ -66,6 +72,38 @@ def test_cpu_backend_without_interpreter_says_what_to_set():
         and "TRITON_INTERPRET" in done.stderr
         and "IRIS_BACKEND=cpu" in done.stderr
     )
+
+
+TRITON_FIRST = """
+import torch, triton, triton.language as tl  # before iris.mem, with no TRITON_INTERPRET set
+
+@triton.jit
+def total(x, out, N: tl.constexpr):
+    tl.store(out, tl.sum(tl.load(x + tl.arange(0, N)) + tl.zeros([N], tl.float32), axis=0))
+
+import iris.mem  # turns the interpreter on, including for triton's own library
+
+@triton.jit
+def total_late(x, out, N: tl.constexpr):
+    tl.store(out, tl.sum(tl.load(x + tl.arange(0, N)) + tl.zeros([N], tl.float32), axis=0))
+
+with iris.mem.init(1 << 20) as heap:
+    x, out = heap.arange(8, dtype=torch.float32), heap.zeros(1)
+    total_late[(1,)](x, out, N=8)
+    print("late", out.item())
+    try:
+        total[(1,)](x, out, N=8)
+    except Exception as e:
+        print("early", type(e).__name__)
+"""
+
+
+def test_triton_imported_before_iris_mem_still_interprets():
+    done = run_python(TRITON_FIRST, IRIS_BACKEND=None, TRITON_INTERPRET=None)
+    assert done.returncode == 0, done.stderr
+    # A kernel defined after importing iris.mem runs; one defined before cannot (Triton fixed
+    # its mode when it was defined), and fails instead of running wrongly.
+    assert "late 28.0" in done.stdout and "early" in done.stdout
 
 
 def test_unknown_backend_in_environment():

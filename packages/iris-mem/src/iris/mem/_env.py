@@ -81,3 +81,36 @@ def configure_triton() -> None:
     """Turn on Triton's interpreter when the backend from the environment is ``cpu``."""
     if "TRITON_INTERPRET" not in os.environ and default_backend() == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+        _interpret_triton_library()
+
+
+def _interpret_triton_library() -> None:
+    """Re-decorate Triton's own ``@triton.jit`` library functions for the interpreter.
+
+    ``tl.zeros``, ``tl.sum``, ``tl.ravel``... are decorated when ``triton.language`` is
+    imported. A program that imported triton before iris.mem turned the interpreter on has
+    them compiled for GPUs, and interpreted kernels fail inside them. Swap each for the
+    interpreted function that decorating it now would have produced.
+    """
+    import sys
+
+    if "triton.language" not in sys.modules:
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    swapped: dict[int, object] = {}
+    for name, module in list(sys.modules.items()):
+        if not (name == "triton.language" or name.startswith("triton.language.")) or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if type(value) is JITFunction:
+                if id(value) not in swapped:
+                    swapped[id(value)] = InterpretedFunction(value.fn, **_jit_kwargs(value))
+                setattr(module, attr, swapped[id(value)])
+
+
+def _jit_kwargs(fn) -> dict:
+    """The decoration options of a JITFunction that InterpretedFunction also takes."""
+    keys = ("version", "do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline", "repr")
+    return {k: getattr(fn, k) for k in keys if hasattr(fn, k)}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import tempfile
 from typing import Any
 
 import torch
@@ -56,24 +55,10 @@ def ensure_initialized(backend: str) -> bool:
             )
         dist.init_process_group(backend=pg_backend, init_method="env://", timeout=host_timeout())
         return False
-    # World of one: a file store in a fresh private directory, removed at once (the
-    # store keeps its open file).
-    folder = tempfile.mkdtemp(prefix="iris-world-")
-    store_path = os.path.join(folder, "store")
-    try:
-        dist.init_process_group(
-            backend=pg_backend,
-            init_method=f"file://{store_path}",
-            rank=0,
-            world_size=1,
-            timeout=host_timeout(),
-        )
-    finally:
-        for path in (store_path, folder):
-            try:
-                os.remove(path) if path == store_path else os.rmdir(path)
-            except OSError:
-                pass
+    # World of one: an in-process store; nothing on disk, nothing to clean up.
+    dist.init_process_group(
+        backend=pg_backend, store=dist.HashStore(), rank=0, world_size=1, timeout=host_timeout()
+    )
     return True
 
 

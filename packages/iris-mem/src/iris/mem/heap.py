@@ -94,6 +94,8 @@ class SymmetricHeap:
         self._barrier_flags = self._allocate((self.world_size,), torch.int32, check=False).zero_()
         self._barrier_epoch = self._allocate((1,), torch.int32, check=False).zero_()
         self._status = self._allocate((_STATUS_WORDS,), torch.int64, check=False).zero_()
+        # Peers may signal this rank's flags as soon as they leave init: zero them first.
+        self._backend.synchronize()
         self._comm.barrier()
 
     # ------------------------------------------------------------------ properties

@@ -35,6 +35,21 @@ def _shm_free_bytes() -> int | None:
     return stat.f_bavail * stat.f_frsize
 
 
+def _check_triton_is_interpreted() -> None:
+    """Triton's own library functions (``tl.zeros``, ``tl.sum``...) are decorated when
+    ``triton.language`` is first imported; if that happened before ``TRITON_INTERPRET`` was
+    set, kernels in the interpreter fail inside them with an obscure message."""
+    import triton.language.standard as standard
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(standard.zeros, JITFunction):
+        raise RuntimeError(
+            "triton was imported before Triton's interpreter was turned on, so its library "
+            "functions are compiled for GPUs and cannot run on the cpu backend. Import iris.mem before "
+            "triton, or set TRITON_INTERPRET=1 in the environment before starting Python."
+        )
+
+
 class CpuBackend(Backend):
     """Heaps in POSIX shared memory, kernels in Triton's interpreter."""
 
@@ -52,6 +67,7 @@ class CpuBackend(Backend):
                 "Set IRIS_BACKEND=cpu (or TRITON_INTERPRET=1) in the environment before importing iris.mem "
                 "and before defining any @triton.jit kernel: Triton fixes a kernel's mode when it is defined."
             )
+        _check_triton_is_interpreted()
         self._maps: list[mmap.mmap] = []
         self._tensors: list[torch.Tensor] = []
         self._name: str | None = None

@@ -58,7 +58,7 @@ class Context:
         :param context_tensor: pointer to the int64 context tensor.
         :param rank: this kernel's rank (``tl.constexpr``).
         :param world_size: number of ranks (``tl.constexpr``).
-        :param tracing: record device events (requires ``heap.tracing.enable()``).
+        :param tracing: must be False: device-side event tracing is not part of this release.
         """
         tl.static_assert(not tracing, "device tracing is not enabled in this build of iris.mem")
         return Context(rank, world_size, context_tensor + HEAP_BASES_OFFSET, tracing)
