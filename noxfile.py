@@ -87,6 +87,35 @@ def tests_latest(session: nox.Session) -> None:
     _run_pytest(session, env=_cpu_env())
 
 
+# World sizes the examples session runs every example at: an odd world, and a world of one.
+EXAMPLE_WORLDS = (3, 1)
+
+
+@nox.session
+def examples(session: nox.Session) -> None:
+    """Run every ``examples/*.py`` under torchrun on the cpu backend (worlds of 3 and 1).
+
+    ``nox -s examples -- 03 05`` runs only the examples whose file names contain a posarg.
+    """
+    session.install(TORCH, TRITON)
+    session.install(TORCH, TRITON, *_package_paths())
+    scripts = sorted((ROOT / "examples").glob("*.py"))
+    if session.posargs:
+        scripts = [s for s in scripts if any(arg in s.name for arg in session.posargs)]
+    if not scripts:
+        session.skip("no matching examples/*.py found")
+    for script in scripts:
+        for n in EXAMPLE_WORLDS:
+            session.log(f"{script.name} with {n} rank(s)")
+            session.run(
+                "torchrun",
+                "--standalone",
+                f"--nproc_per_node={n}",
+                str(script.relative_to(ROOT)),
+                env=_cpu_env(),
+            )
+
+
 @nox.session(venv_params=["--system-site-packages"])
 def gpu_tests(session: nox.Session) -> None:
     """GPU tests (``-m gpu``) using the system's CUDA torch/triton; installs nothing heavy."""

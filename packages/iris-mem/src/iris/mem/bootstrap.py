@@ -7,6 +7,7 @@ CUDA) on the group the heap was created for.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Any
@@ -54,12 +55,24 @@ def ensure_initialized(backend: str) -> bool:
                 int(os.environ.get("LOCAL_RANK", os.environ["RANK"])) % torch.cuda.device_count()
             )
         dist.init_process_group(backend=pg_backend, init_method="env://", timeout=host_timeout())
+        # The caller may keep using torch.distributed after closing the heap, so the group
+        # stays up until exit; a process that exits with a live gloo group can abort
+        # ("terminate called without an active exception"), so tear it down then.
+        atexit.register(_destroy_at_exit)
         return False
     # World of one: an in-process store; nothing on disk, nothing to clean up.
     dist.init_process_group(
         backend=pg_backend, store=dist.HashStore(), rank=0, world_size=1, timeout=host_timeout()
     )
     return True
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
 
 
 class Communicator:
