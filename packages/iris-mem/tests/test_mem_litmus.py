@@ -1,0 +1,145 @@
+"""Message-passing litmus test across processes: release/acquire flags at system scope.
+
+Ranks form a ring: each rank produces for the next rank and consumes from the previous
+one, for ROUNDS rounds inside ONE kernel launch. Round ``k`` (1-based):
+
+* producer: wait until the consumer acknowledged round ``k - 1`` (acquire), write the
+  round's data block into the consumer's heap (``put`` on even rounds, ``store`` on odd
+  ones), then publish ``flag = k`` on the consumer with a release exchange at sys scope;
+* consumer: spin (acquire, sys scope; ``atomic_add(0)`` or a no-op ``atomic_cas``) on its
+  local flag until it reads ``k``, read the data block, count every element that is not
+  this round's value (stale or torn), and acknowledge ``k`` to the producer (release).
+
+Every wait draws on one iteration budget for the whole kernel, so a lost flag ends in
+counted timeouts instead of a hang; the world has a deadline too.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from mem_testutils import HEAP
+
+import iris.mem
+import iris.mem.triton as imt
+from iris.mem.testing import run_world
+from iris.mem.triton import Context
+
+pytestmark = pytest.mark.timeout(300)
+
+ROUNDS = 1000
+BLOCK = 64
+SPIN_BUDGET = 200_000  # iterations of all waits of one kernel together (a few thousand are used)
+STATS = ["mismatches", "timeouts", "rounds", "spins"]
+
+
+@triton.jit
+def _mp_kernel(
+    context, heap_bases, data, flag, ack, staging, stats, budget,
+    RANK: tl.constexpr, WORLD: tl.constexpr, ROUNDS: tl.constexpr, BLOCK: tl.constexpr, SALT: tl.constexpr,
+):  # fmt: skip
+    """SALT shifts the values the consumer expects (0 for the real test; non-zero is the
+    negative control, where every element must count as a mismatch)."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    nxt: tl.constexpr = (RANK + 1) % WORLD
+    prv: tl.constexpr = (RANK + WORLD - 1) % WORLD
+    offs = tl.arange(0, BLOCK)
+    mismatches = 0
+    timeouts = 0
+    done = 0
+    spins = 0
+    for i in range(ROUNDS):
+        k = i + 1
+        # ---- producer side, towards nxt
+        # (waits are written out inline: every nested @triton.jit call costs the
+        # interpreter about a millisecond, and this loop runs a thousand times)
+        seen = -1
+        while (seen < k - 1) & (budget > 0):
+            seen = ctx.atomic_add(ack, 0, RANK, sem="acquire", scope="sys")
+            budget -= 1
+            spins += 1
+        if seen < k - 1:
+            timeouts += 1
+        values = k * 131 + offs + RANK * 100000
+        if k % 2 == 0:
+            tl.store(staging + offs, values)
+            ctx.put(staging + offs, data + offs, nxt)
+        else:
+            imt.store(data + offs, values, RANK, nxt, heap_bases)
+        if k % 3 == 0:
+            imt.atomic_xchg(flag, k, RANK, nxt, heap_bases, sem="release", scope="sys")
+        else:
+            ctx.atomic_xchg(flag, k, nxt, sem="release", scope="sys")
+        # ---- consumer side, from prv
+        seen = -1
+        while (seen < k) & (budget > 0):
+            if k % 2 == 1:  # a CAS that never swaps (the flag is never -1) is an acquire read
+                seen = ctx.atomic_cas(flag, -1, -1, RANK, sem="acquire", scope="sys")
+            else:
+                seen = ctx.atomic_add(flag, 0, RANK, sem="acquire", scope="sys")
+            budget -= 1
+            spins += 1
+        if seen < k:
+            timeouts += 1
+        got = tl.load(data + offs)
+        want = k * 131 + offs + prv * 100000 + SALT
+        mismatches += tl.sum((got != want).to(tl.int32), axis=0)
+        done += (seen == k).to(tl.int32)
+        ctx.atomic_xchg(ack, k, prv, sem="release", scope="sys")
+    tl.store(stats + 0, mismatches)
+    tl.store(stats + 1, timeouts)
+    tl.store(stats + 2, done)
+    tl.store(stats + 3, spins)
+
+
+def mp_body(rank: int, world: int, rounds: int, salt: int):
+    heap = iris.mem.init(HEAP)
+    try:
+        data = heap.full((BLOCK,), -1, dtype=torch.int32)
+        flag = heap.zeros(1, dtype=torch.int32)
+        ack = heap.zeros(1, dtype=torch.int32)
+        staging = heap.zeros(BLOCK, dtype=torch.int32)
+        stats = torch.full((len(STATS),), -1, dtype=torch.int32)
+        heap.barrier()
+        _mp_kernel[(1,)](
+            heap.get_device_context(), heap.get_heap_bases(), data, flag, ack, staging, stats, SPIN_BUDGET,
+            RANK=rank, WORLD=world, ROUNDS=rounds, BLOCK=BLOCK, SALT=salt,
+        )  # fmt: skip
+        heap.barrier()
+        out = dict(zip(STATS, stats.tolist()))
+        out.update(flag=int(flag.item()), ack=int(ack.item()), data=data.tolist())
+        heap.barrier()
+        return out
+    finally:
+        heap.close()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_message_passing_release_acquire(world_size):
+    results = run_world(mp_body, world_size, ROUNDS, 0, timeout=120)
+    for rank, r in enumerate(results):
+        prv = (rank - 1) % world_size
+        assert r["timeouts"] == 0, f"rank {rank}: {r['timeouts']} waits ran out of budget ({r})"
+        assert r["mismatches"] == 0, (
+            f"rank {rank}: {r['mismatches']} stale or torn elements over {ROUNDS} rounds"
+        )
+        assert r["spins"] >= 2 * ROUNDS, f"rank {rank}: fewer wait iterations than waits: {r}"
+        assert r["rounds"] == ROUNDS, (
+            f"rank {rank}: saw its flag at the round's value in {r['rounds']} rounds"
+        )
+        assert (r["flag"], r["ack"]) == (ROUNDS, ROUNDS), (
+            f"rank {rank}: final flag/ack {r['flag']}/{r['ack']}"
+        )
+        assert r["data"] == [ROUNDS * 131 + i + prv * 100000 for i in range(BLOCK)], (
+            f"rank {rank}: final data"
+        )
+
+
+def test_message_passing_checker_detects_wrong_data():
+    """Negative control: with the consumer expecting shifted values, every element of
+    every round counts as a mismatch, so the real test's zero is meaningful."""
+    rounds = 6
+    results = run_world(mp_body, 2, rounds, 1, timeout=60)
+    for rank, r in enumerate(results):
+        assert r["mismatches"] == rounds * BLOCK, f"rank {rank}: {r}"
+        assert (r["timeouts"], r["rounds"]) == (0, rounds), f"rank {rank}: {r}"
