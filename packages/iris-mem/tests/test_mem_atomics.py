@@ -10,14 +10,14 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from mem_testutils import HEAP, WORLD_SIZES
+from mem_testutils import HEAP, WORLD_SIZES, require_world
 
 import iris.mem
 import iris.mem.triton as imt
 from iris.mem.testing import run_world
 from iris.mem.triton import Context
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 # --------------------------------------------------------------------------- (a) contention
 
@@ -55,7 +55,7 @@ def contention_body(rank: int, world: int):
         c32 = heap.zeros(1, dtype=torch.int32)
         c64 = heap.zeros(1, dtype=torch.int64)
         cf32 = heap.zeros(1, dtype=torch.float32)
-        log = torch.full((world, PROGRAMS, ITERS), -1, dtype=torch.int32)
+        log = torch.full((world, PROGRAMS, ITERS), -1, dtype=torch.int32, device=heap.device)
         heap.barrier()
         _contention_kernel[(PROGRAMS,)](
             heap.get_device_context(), heap.get_heap_bases(), c32, c64, cf32, log,
@@ -64,13 +64,14 @@ def contention_body(rank: int, world: int):
         heap.barrier()
         counts = (int(c32.item()), int(c64.item()), float(cf32.item()))
         heap.barrier()
-        return counts, log
+        return counts, log.cpu()
     finally:
         heap.close()
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_atomic_add_contention(world_size):
+    require_world(world_size)
     results = run_world(contention_body, world_size, timeout=120)
     total = world_size * PROGRAMS * ITERS
     weighted = PROGRAMS * ITERS * sum(r + 1 for r in range(world_size))
@@ -226,8 +227,8 @@ def semantics_body(rank: int, world: int) -> list[str]:
         for op, dt in _cases():
             for mode in (CTX, FUN):
                 for p in ranks:
-                    vals = _data(dt, "val", rank, op, 10 * mode + p)
-                    old = torch.zeros(BLOCK, dtype=dt)
+                    vals = _data(dt, "val", rank, op, 10 * mode + p).to(heap.device)
+                    old = torch.zeros(BLOCK, dtype=dt, device=heap.device)
                     _rmw_kernel[(1,)](
                         ctx_t, bases, targets[op, dt][mode][rank], vals, old, N, p,
                         OP=OP_ID[op], MODE=mode, **common,
@@ -238,9 +239,9 @@ def semantics_body(rank: int, world: int) -> list[str]:
                 for p in ranks:
                     init = _data(dt, "init", p, "cas", 10 * mode + rank)
                     # Even lanes compare equal (swap), odd lanes compare unequal (keep).
-                    cmps = torch.where(torch.arange(BLOCK) % 2 == 0, init, init + 1)
-                    vals = _data(dt, "val", rank, "cas", 10 * mode + p)
-                    old = torch.zeros(BLOCK, dtype=dt)
+                    cmps = torch.where(torch.arange(BLOCK) % 2 == 0, init, init + 1).to(heap.device)
+                    vals = _data(dt, "val", rank, "cas", 10 * mode + p).to(heap.device)
+                    old = torch.zeros(BLOCK, dtype=dt, device=heap.device)
                     _cas_kernel[(1,)](
                         ctx_t, bases, cas_targets[dt][mode][rank], cmps, vals, old, p, MODE=mode, **common
                     )
@@ -248,6 +249,7 @@ def semantics_body(rank: int, world: int) -> list[str]:
         heap.barrier()
         # Returned old values: the peer's initial data, on the masked-on lanes.
         for (op, dt, mode, p), old in olds.items():
+            old = old.cpu()
             init = _data(dt, "init", p, op, 10 * mode + rank)
             lanes = torch.ones(BLOCK, dtype=torch.bool) if op == "cas" else m
             if not torch.equal(old[lanes], init[lanes]):
@@ -259,7 +261,7 @@ def semantics_body(rank: int, world: int) -> list[str]:
                     init = _data(dt, "init", rank, op, 10 * mode + w)
                     vals = _data(dt, "val", w, op, 10 * mode + rank)
                     want = torch.where(m, _apply(op, init, vals), init)
-                    got = targets[op, dt][mode][w]
+                    got = targets[op, dt][mode][w].cpu()
                     if not torch.equal(got, want):
                         bad = (got != want).nonzero().flatten().tolist()
                         failures.append(
@@ -273,10 +275,11 @@ def semantics_body(rank: int, world: int) -> list[str]:
                     init = _data(dt, "init", rank, "cas", 10 * mode + w)
                     vals = _data(dt, "val", w, "cas", 10 * mode + rank)
                     want = torch.where(torch.arange(BLOCK) % 2 == 0, vals, init)
-                    if not torch.equal(cas_targets[dt][mode][w], want):
+                    got = cas_targets[dt][mode][w].cpu()
+                    if not torch.equal(got, want):
                         failures.append(f"cas {dt} mode {mode}: {w} -> {rank}: final values differ")
                     # Negative control: the swap really changed the even lanes.
-                    if torch.equal(cas_targets[dt][mode][w], init):
+                    if torch.equal(got, init):
                         failures.append(f"cas {dt} mode {mode}: {w} -> {rank}: nothing was swapped")
         heap.barrier()
     finally:
@@ -286,6 +289,7 @@ def semantics_body(rank: int, world: int) -> list[str]:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_atomic_semantics(world_size):
+    require_world(world_size)
     failures = [f for r in run_world(semantics_body, world_size, timeout=120) for f in r]
     assert failures == [], "\n".join(failures[:40])
 
@@ -353,8 +357,8 @@ def spinlock_body(rank: int, world: int):
         held_counter = heap.zeros(1, dtype=torch.int32)
         if rank == 0:
             held.fill_(1)
-        fails = torch.zeros(1, dtype=torch.int32)
-        held_fails = torch.zeros(1, dtype=torch.int32)
+        fails = torch.zeros(1, dtype=torch.int32, device=heap.device)
+        held_fails = torch.zeros(1, dtype=torch.int32, device=heap.device)
         heap.barrier()
         args = dict(RANK=rank, WORLD=world, ITERS=LOCK_ITERS)
         _spinlock_kernel[(LOCK_PROGRAMS,)](ctx_t, bases, lock, counter, fails, 500_000, **args)
@@ -371,6 +375,7 @@ def spinlock_body(rank: int, world: int):
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_cas_spinlock_mutual_exclusion(world_size):
+    require_world(world_size)
     results = run_world(spinlock_body, world_size, timeout=120)
     sections = LOCK_PROGRAMS * LOCK_ITERS
     for rank, (fails, held_fails, *_rest) in enumerate(results):

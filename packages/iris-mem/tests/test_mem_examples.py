@@ -1,7 +1,8 @@
 """Run every example of the repository under torchrun and check each rank validated.
 
 The examples live in ``examples/`` at the repository root; from an sdist (no examples
-folder) the tests skip. Each example runs on the cpu backend at world sizes 1 and 3.
+folder) the tests skip. Each example runs on the backend of ``IRIS_BACKEND``: on cpu at
+world sizes 1 and 3, on cuda at 1 and 2 (one GPU per rank).
 """
 
 import os
@@ -11,12 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from mem_testutils import BACKEND, MULTI_WORLD, require_world
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"
 EXAMPLES = sorted(EXAMPLES_DIR.glob("[0-9]*.py")) if EXAMPLES_DIR.is_dir() else []
-WORLDS = (1, 3)
+WORLDS = (1, MULTI_WORLD)
 TIMEOUT_S = 180
 
 
@@ -31,7 +33,10 @@ def _example_name(path: Path) -> str:
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example(path: Path, world: int) -> None:
-    env = {**os.environ, "IRIS_BACKEND": "cpu", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    require_world(world)
+    env = {**os.environ, "IRIS_BACKEND": BACKEND, "OMP_NUM_THREADS": "1"}
+    if BACKEND == "cpu":
+        env["TRITON_INTERPRET"] = "1"
     cmd = [
         sys.executable,
         "-m",

@@ -5,13 +5,13 @@ import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
-from mem_testutils import HEAP, WORLD_SIZES
+from mem_testutils import BACKEND, HEAP, MULTI_WORLD, WORLD_SIZES, require_world
 
 import iris.mem
 from iris.mem.testing import run_world
 from iris.mem.triton import Context
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 
 def _offsets_agree(heap, tensors):
@@ -26,7 +26,7 @@ def _offsets_agree(heap, tensors):
 def factories_body(rank, world_size):
     failures = []
     with iris.mem.init(HEAP) as heap:
-        g = torch.Generator().manual_seed(1234)
+        g = torch.Generator(device=heap.device).manual_seed(1234)
         made = {
             "zeros": (heap.zeros(3, 5), torch.zeros(3, 5)),
             "zeros_tuple": (heap.zeros((2, 7), dtype=torch.int32), torch.zeros(2, 7, dtype=torch.int32)),
@@ -44,14 +44,17 @@ def factories_body(rank, world_size):
             "linspace": (heap.linspace(0, 1, 7), torch.linspace(0, 1, 7)),
             "randn": (
                 heap.randn(33, generator=g),
-                torch.randn(33, generator=torch.Generator().manual_seed(1234)),
+                torch.randn(
+                    33, generator=torch.Generator(device=heap.device).manual_seed(1234), device=heap.device
+                ).cpu(),
             ),
         }
         for name, (got, want) in made.items():
-            if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
-                failures.append(f"{name}: got {got} want {want}")
             if not heap.is_symmetric(got):
                 failures.append(f"{name} is not on the heap")
+            got = got.cpu()
+            if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+                failures.append(f"{name}: got {got} want {want}")
         r = heap.rand(1000, dtype=torch.float64)
         if not (0 <= r.min() and r.max() < 1) or r.dtype != torch.float64:
             failures.append("rand out of [0, 1) or wrong dtype")
@@ -92,8 +95,9 @@ def factories_body(rank, world_size):
     return failures
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, MULTI_WORLD])
 def test_factories_match_torch_and_are_symmetric(world_size):
+    require_world(world_size)
     for failures in run_world(factories_body, world_size, timeout=120):
         assert failures == []
 
@@ -101,7 +105,7 @@ def test_factories_match_torch_and_are_symmetric(world_size):
 def symmetry_body(rank, world_size):
     with iris.mem.init(HEAP) as heap:
         a = heap.arange(40, dtype=torch.float32).view(5, 8)
-        outside = torch.arange(40, dtype=torch.float32)
+        outside = torch.arange(40, dtype=torch.float32, device=heap.device)
         copied = heap.as_symmetric(outside)
         return {
             "heap": heap.is_symmetric(a),
@@ -154,11 +158,13 @@ def context_body(rank, world_size):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_device_context_layout(world_size):
+    require_world(world_size)
     for rank, r in enumerate(run_world(context_body, world_size, timeout=120)):
         assert r["header"] == [rank, world_size, HEAP, 0]
         assert r["bases_view"] and r["n_bases"] == world_size and r["distinct"] and r["local_base"]
         assert r["dtype"] == "torch.int64"
-        assert r["attrs"] == (rank, world_size, rank, world_size, "cpu", "cpu")
+        device = "cpu" if BACKEND == "cpu" else f"cuda:{rank}"  # one GPU per rank, by local rank
+        assert r["attrs"] == (rank, world_size, rank, world_size, BACKEND, device)
 
 
 def broadcast_body(rank, world_size):
@@ -172,12 +178,14 @@ def broadcast_body(rank, world_size):
             bad = None
         except ValueError as e:
             bad = str(e)
-        return obj, scalar, tensor, bad
+        return obj, scalar, tensor.cpu(), tensor.device == heap.device, bad
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, MULTI_WORLD])
 def test_broadcast(world_size):
-    for obj, scalar, tensor, bad in run_world(broadcast_body, world_size, timeout=120):
+    require_world(world_size)
+    for obj, scalar, tensor, on_heap_device, bad in run_world(broadcast_body, world_size, timeout=120):
+        assert on_heap_device
         assert obj == {"rank": world_size - 1, "items": [world_size - 1] * 3}
         assert scalar == 5
         assert torch.equal(tensor, torch.full((2, 3), float(world_size - 1)))
@@ -211,6 +219,7 @@ def device_barrier_body(rank, world_size, rounds):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_device_barrier_orders_rounds(world_size):
+    require_world(world_size)
     for failures in run_world(device_barrier_body, world_size, 25, timeout=120):
         assert failures == []
 
@@ -294,8 +303,9 @@ def mismatch_body(rank, world_size):
 
 
 def test_mismatched_heap_size_raises_on_every_rank():
-    for message in run_world(mismatch_body, 3, timeout=60):
-        assert message is not None and "heap_size" in message and "rank 2" in message
+    require_world(MULTI_WORLD)
+    for message in run_world(mismatch_body, MULTI_WORLD, timeout=60):
+        assert message is not None and "heap_size" in message and f"rank {MULTI_WORLD - 1}" in message
 
 
 def group_body(rank, world_size, members):
@@ -317,6 +327,7 @@ def group_body(rank, world_size, members):
 
 
 def test_heap_over_an_uneven_subgroup():
+    require_world(4)
     members = [0, 2, 3]
     results = run_world(group_body, 4, members, timeout=120)
     assert results[1] is True

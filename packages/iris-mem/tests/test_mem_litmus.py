@@ -18,18 +18,21 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from mem_testutils import HEAP
+from mem_testutils import BACKEND, HEAP, require_world
 
 import iris.mem
 import iris.mem.triton as imt
 from iris.mem.testing import run_world
 from iris.mem.triton import Context
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 ROUNDS = 1000
 BLOCK = 64
-SPIN_BUDGET = 200_000  # iterations of all waits of one kernel together (a few thousand are used)
+# Iterations of all waits of one kernel together: a few thousand are used in the interpreter.
+# On GPUs an iteration takes about a microsecond and ranks may launch (and JIT-compile) up
+# to seconds apart, so the budget covers tens of seconds there, still within the deadline.
+SPIN_BUDGET = 200_000 if BACKEND == "cpu" else 1 << 25
 STATS = ["mismatches", "timeouts", "rounds", "spins"]
 
 
@@ -99,7 +102,7 @@ def mp_body(rank: int, world: int, rounds: int, salt: int):
         flag = heap.zeros(1, dtype=torch.int32)
         ack = heap.zeros(1, dtype=torch.int32)
         staging = heap.zeros(BLOCK, dtype=torch.int32)
-        stats = torch.full((len(STATS),), -1, dtype=torch.int32)
+        stats = torch.full((len(STATS),), -1, dtype=torch.int32, device=heap.device)
         heap.barrier()
         _mp_kernel[(1,)](
             heap.get_device_context(), heap.get_heap_bases(), data, flag, ack, staging, stats, SPIN_BUDGET,
@@ -116,6 +119,7 @@ def mp_body(rank: int, world: int, rounds: int, salt: int):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_message_passing_release_acquire(world_size):
+    require_world(world_size)
     results = run_world(mp_body, world_size, ROUNDS, 0, timeout=120)
     for rank, r in enumerate(results):
         prv = (rank - 1) % world_size
@@ -138,6 +142,7 @@ def test_message_passing_release_acquire(world_size):
 def test_message_passing_checker_detects_wrong_data():
     """Negative control: with the consumer expecting shifted values, every element of
     every round counts as a mismatch, so the real test's zero is meaningful."""
+    require_world(2)
     rounds = 6
     results = run_world(mp_body, 2, rounds, 1, timeout=60)
     for rank, r in enumerate(results):

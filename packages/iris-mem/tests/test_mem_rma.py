@@ -15,14 +15,14 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from mem_testutils import DTYPES, HEAP, WORLD_SIZES, pattern
+from mem_testutils import DTYPES, HEAP, WORLD_SIZES, pattern, require_world
 
 import iris.mem
 import iris.mem.triton as imt
 from iris.mem.testing import run_world
 from iris.mem.triton import Context
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 N = 203  # elements per buffer that the mask may reach
 BLOCK = 64
@@ -139,6 +139,7 @@ def lane_mask(n_alloc: int, n: int) -> torch.Tensor:
 
 
 def _compare(failures: list, what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    got, want = got.cpu(), want.cpu()  # device buffers against host-built references
     if not torch.equal(got, want):
         got, want = got.flatten(), want.flatten()
         bad = (got != want).nonzero().flatten().tolist()
@@ -170,7 +171,8 @@ def rma_body(rank: int, world: int, dtypes: list, hint) -> list[str]:
             # Data this rank sends to peer p depends on p (a misrouted write shows).
             b["put_src"] = [heap.as_symmetric(pattern(NP, dt, rank, salt=10 + p)) for p in ranks]
             b["copy_src"] = [heap.as_symmetric(pattern(NP, dt, rank, salt=30 + t)) for t in ranks]
-            b["store_vals"] = [pattern(NP, dt, rank, salt=20 + p) for p in ranks]  # ordinary memory
+            # ordinary (non-heap) device memory
+            b["store_vals"] = [pattern(NP, dt, rank, salt=20 + p).to(heap.device) for p in ranks]
             # Destinations: [mode][writer] (store, put), [mode][source] (get),
             # [mode][caller][source] (copy); all start as the sentinel.
             for name in ("store_dst", "put_dst", "get_dst"):
@@ -178,7 +180,9 @@ def rma_body(rank: int, world: int, dtypes: list, hint) -> list[str]:
             b["copy_dst"] = [
                 [[heap.full((NP,), SENTINEL, dtype=dt) for _ in ranks] for _ in ranks] for _ in MODES
             ]
-            b["load_out"] = [[torch.full((NP,), SENTINEL, dtype=dt) for _ in ranks] for _ in MODES]
+            b["load_out"] = [
+                [torch.full((NP,), SENTINEL, dtype=dt, device=heap.device) for _ in ranks] for _ in MODES
+            ]
         heap.barrier()
 
         # Phase 2: every op from this rank to every peer (itself included), both modes.
@@ -270,7 +274,7 @@ def rma_body(rank: int, world: int, dtypes: list, hint) -> list[str]:
             # inside N exist, hold the sentinel, and a buffer nobody wrote fails the check.
             m = lane_mask(NP, N)
             assert (~m[:N]).sum() > 0
-            dst = b["put_dst"][CTX][(rank + 1) % world]
+            dst = b["put_dst"][CTX][(rank + 1) % world].cpu()
             if not bool((dst[~m] == SENTINEL).all()):
                 failures.append(f"{dt} rank {rank}: masked-off lanes of put_dst lost the sentinel")
             untouched = torch.full((NP,), SENTINEL, dtype=dt)
@@ -290,6 +294,7 @@ def _flatten(results: list[list[str]]) -> list[str]:
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_rma_all_pairs_all_dtypes(world_size):
+    require_world(world_size)
     failures = _flatten(run_world(rma_body, world_size, DTYPES, None, timeout=120))
     assert failures == [], "\n".join(failures[:40])
 
@@ -297,6 +302,7 @@ def test_rma_all_pairs_all_dtypes(world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_rma_hint16(world_size):
     """The same checks with ``hint=16`` on the 1-D blocks (64 contiguous, 16-aligned)."""
+    require_world(world_size)
     failures = _flatten(
         run_world(rma_body, world_size, [torch.float32, torch.bfloat16, torch.int64], 16, timeout=120)
     )
@@ -367,8 +373,11 @@ def tile_body(rank: int, world: int) -> list[str]:
             bufs[dt] = {
                 "src": heap.as_symmetric(_pattern2d(dt, rank)),
                 "dst": [[heap.full((ROWS, COLS), SENTINEL, dtype=dt) for _ in ranks] for _ in MODES],
-                "out": [[torch.full((ROWS, COLS), SENTINEL, dtype=dt) for _ in ranks] for _ in MODES],
-                "vals": [_pattern2d(dt, rank, salt=40 + p) for p in ranks],
+                "out": [
+                    [torch.full((ROWS, COLS), SENTINEL, dtype=dt, device=heap.device) for _ in ranks]
+                    for _ in MODES
+                ],
+                "vals": [_pattern2d(dt, rank, salt=40 + p).to(heap.device) for p in ranks],
             }
         heap.barrier()
         for dt in dtypes:
@@ -407,5 +416,6 @@ def tile_body(rank: int, world: int) -> list[str]:
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_rma_2d_tiles(world_size):
     """[16, 32] pointer blocks with ``hint=(1, 32)``; a 37 x 50 region of a 48 x 64 buffer."""
+    require_world(world_size)
     failures = _flatten(run_world(tile_body, world_size, timeout=120))
     assert failures == [], "\n".join(failures[:40])

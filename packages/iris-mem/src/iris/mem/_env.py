@@ -14,8 +14,9 @@ Variables
     ``1`` turns on debug checks: every translated pointer is checked in the kernel to fall
     inside the target heap, and every rank's allocation sequence is compared on the host.
 ``IRIS_SPIN_LIMIT``
-    Iteration budget of every device-side wait (default: 2**31 on GPUs, 2_000_000 in the
-    interpreter, about half a minute there). A wait that runs out reports an error.
+    Iteration budget of every device-side wait (default: 2**26 compiled, about a minute of
+    polling over NVLink; 2_000_000 in the interpreter, about half a minute there). A wait
+    that runs out reports an error instead of hanging.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def spin_limit() -> int:
         if limit <= 0:
             raise ValueError(f"IRIS_SPIN_LIMIT must be positive, got {limit}")
         return limit
-    return 2_000_000 if interpreted() else 2**31 - 1
+    return 2_000_000 if interpreted() else 1 << 26
 
 
 def configure_triton() -> None:

@@ -115,6 +115,10 @@ def load(
 ):
     """Load from ``from_rank``'s heap at the offset of ``pointer`` (valid for ``to_rank``,
     the calling rank). Returns the loaded block."""
+    tl.static_assert(
+        not (volatile and cache_modifier is not None and cache_modifier != ""),
+        "iris load: volatile=True cannot be combined with a cache_modifier (PTX has no volatile .cg load)",
+    )
     src = translate(pointer, to_rank, from_rank, heap_bases, hint, mask)
     return tl.load(src, mask=mask, other=other, cache_modifier=cache_modifier, volatile=volatile)
 
