@@ -248,6 +248,18 @@ def errors_body(rank, world_size):
         expect("device_other", lambda: heap.zeros(3, device="meta"))
         expect("out_not_heap", lambda: heap.zeros(3, out=torch.zeros(3)))
         expect("out_not_tensor", lambda: heap.zeros(3, out=[0, 0, 0]))
+        expect("require_cpu_tensor", lambda: heap.require_symmetric(torch.zeros(3, device="meta"), "x"))
+        expect("require_not_heap", lambda: heap.require_symmetric(torch.zeros(3, device=heap.device), "y"))
+        expect("require_not_tensor", lambda: heap.require_symmetric(3.0, "z"))
+        if heap.device.type == "cuda":  # a CPU tensor, and a tensor of another GPU
+            expect("require_cpu_tensor", lambda: heap.require_symmetric(torch.zeros(3), "x"))
+            if torch.cuda.device_count() > 1:
+                other_device = torch.device("cuda", (heap.device.index + 1) % torch.cuda.device_count())
+                expect(
+                    "require_other_gpu",
+                    lambda: heap.require_symmetric(torch.zeros(3, device=other_device), "w"),
+                )
+        required = heap.require_symmetric(heap.zeros(3), "v")
         expect("out_shape", lambda: heap.zeros(4, out=heap.zeros(3)))
         expect("randint_range", lambda: heap.randint(5, 5, (2,)))
         expect("randint_args", lambda: heap.randint(5))
@@ -260,11 +272,11 @@ def errors_body(rank, world_size):
         full_numel = fits.numel()
     expect("closed", lambda: heap.zeros(1))
     heap.close()  # idempotent
-    return caught, unchanged, full_numel
+    return caught, unchanged, full_numel, tuple(required.shape)
 
 
 def test_bad_input_raises_clear_errors():
-    ((caught, unchanged, full_numel),) = run_world(errors_body, 1, timeout=60)
+    ((caught, unchanged, full_numel, required_shape),) = run_world(errors_body, 1, timeout=60)
     expected = {
         "heap_size_zero": ("ValueError", "heap_size"),
         "heap_size_str": ("ValueError", "heap_size"),
@@ -277,6 +289,9 @@ def test_bad_input_raises_clear_errors():
         "out_not_heap": ("ValueError", "not on this symmetric heap"),
         "out_not_tensor": ("TypeError", "torch.Tensor"),
         "out_shape": ("ValueError", "shape"),
+        "require_cpu_tensor": ("ValueError", "x is on "),
+        "require_not_heap": ("ValueError", "y is not on this symmetric heap"),
+        "require_not_tensor": ("TypeError", "z must be a torch.Tensor"),
         "randint_range": ("ValueError", "low < high"),
         "randint_args": ("TypeError", "randint"),
         "as_symmetric_list": ("TypeError", "torch.Tensor"),
@@ -292,6 +307,12 @@ def test_bad_input_raises_clear_errors():
     assert "0 of 65536 bytes free" in caught["exhausted_exact"][1]
     assert unchanged, "a failed allocation must not consume heap space"
     assert full_numel > 0
+    assert required_shape == (3,)
+    if "require_other_gpu" in caught:  # cuda backend with two GPUs or more
+        assert (
+            caught["require_other_gpu"][0] == "ValueError"
+            and "w is on cuda:" in caught["require_other_gpu"][1]
+        )
 
 
 def mismatch_body(rank, world_size):

@@ -212,7 +212,7 @@ class SymmetricHeap:
                 )
         dtype = dtype or default_dtype or torch.get_default_dtype()
         if out is not None:
-            self._check_heap_tensor(out, "out")
+            self.require_symmetric(out, "out")
             if tuple(out.shape) != shape or out.dtype != dtype:
                 raise ValueError(
                     f"out has shape {list(out.shape)} and dtype {out.dtype}; expected {list(shape)}, {dtype}"
@@ -224,16 +224,32 @@ class SymmetricHeap:
             tensor.requires_grad_(True)
         return tensor
 
-    def _check_heap_tensor(self, tensor: Any, name: str) -> None:
+    def require_symmetric(self, tensor: Any, name: str = "tensor") -> torch.Tensor:
+        """Return ``tensor`` if it lies on this heap, else raise an error naming ``name``.
+
+        For APIs that hand a tensor's pointer to a kernel that translates it: a tensor
+        outside the heap would be translated to an unrelated address on the peer.
+
+        :raises TypeError: ``tensor`` is not a torch.Tensor.
+        :raises ValueError: ``tensor`` is on another device, or on this device but not
+            on this heap.
+        """
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(
                 f"{name} must be a torch.Tensor on the symmetric heap, got {type(tensor).__name__}"
             )
+        if tensor.device != self.device:
+            raise ValueError(
+                f"{name} is on {tensor.device}, but this symmetric heap lives on {self.device}; allocate it "
+                "with the heap's factories (heap.zeros, heap.empty, ...) or copy it with heap.as_symmetric()"
+            )
         if not self.is_symmetric(tensor):
             raise ValueError(
-                f"{name} is not on this symmetric heap (device {tensor.device}); allocate it with the heap's "
-                "factories (heap.zeros, heap.empty, ...) or copy it there with heap.as_symmetric()"
+                f"{name} is not on this symmetric heap (an ordinary {tensor.device} tensor, or another "
+                "heap's); allocate it with the heap's factories (heap.zeros, heap.empty, ...) or copy it "
+                "there with heap.as_symmetric()"
             )
+        return tensor
 
     def empty(
         self, *size, dtype=None, device=None, requires_grad=False, out=None, **_torch_kwargs
