@@ -12,9 +12,10 @@ from . import _env
 
 _env.configure_triton()
 
+from ._env import spin_limit  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .errors import DeviceWaitTimeout, HeapMismatchError, HeapPointerError, IrisError  # noqa: E402
-from .heap import SymmetricHeap, init  # noqa: E402
+from .heap import SymmetricHeap, heap_of, init  # noqa: E402
 
 __all__ = [
     "DeviceWaitTimeout",
@@ -23,5 +24,7 @@ __all__ = [
     "IrisError",
     "SymmetricHeap",
     "__version__",
+    "heap_of",
     "init",
+    "spin_limit",
 ]

@@ -26,6 +26,9 @@ ALIGNMENT = 256
 CONTEXT_HEADER = 4
 CONTEXT_FLAG_DEBUG = 1
 
+#: Every open heap of this process, so a tensor can be traced back to its heap.
+_OPEN_HEAPS: weakref.WeakSet = weakref.WeakSet()
+
 _STATUS_WORDS = 4  # [error code, rank, peer, address] written by device-side waits
 _STATUS_TIMEOUT = 1
 
@@ -94,6 +97,7 @@ class SymmetricHeap:
         self._barrier_flags = self._allocate((self.world_size,), torch.int32, check=False).zero_()
         self._barrier_epoch = self._allocate((1,), torch.int32, check=False).zero_()
         self._status = self._allocate((_STATUS_WORDS,), torch.int64, check=False).zero_()
+        _OPEN_HEAPS.add(self)
         # Peers may signal this rank's flags as soon as they leave init: zero them first.
         self._backend.synchronize()
         self._comm.barrier()
@@ -128,6 +132,11 @@ class SymmetricHeap:
     def group(self) -> dist.ProcessGroup | None:
         """The torch.distributed group the heap spans (None: the default group)."""
         return self._comm.group
+
+    @property
+    def global_ranks(self) -> list[int]:
+        """Global torch.distributed rank of each heap rank (index = heap rank)."""
+        return list(self._comm.global_ranks)
 
     def get_rank(self) -> int:
         """This process's rank in the heap's group."""
@@ -434,6 +443,7 @@ class SymmetricHeap:
         if self._closed:
             return
         self._closed = True
+        _OPEN_HEAPS.discard(self)
         self._finalizer()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -455,6 +465,14 @@ class SymmetricHeap:
             f"SymmetricHeap(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
             f"device={self.device}, {state})"
         )
+
+
+def heap_of(tensor: torch.Tensor) -> SymmetricHeap | None:
+    """The open heap of this process that ``tensor`` lies on, or None."""
+    for heap in list(_OPEN_HEAPS):
+        if heap.is_symmetric(tensor):
+            return heap
+    return None
 
 
 def init(

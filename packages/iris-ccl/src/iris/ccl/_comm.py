@@ -1,0 +1,185 @@
+"""Collective state: which heap a collective runs on, its sync flags and staging buffers.
+
+A collective runs on a :class:`Communicator` bound to one symmetric heap whose ranks are
+exactly the collective's group. When the caller's tensors already live on such a heap they
+are used in place; otherwise the collective runs on a heap of its own for the group (made
+on first use, collectively) and copies the caller's tensors through its staging buffers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+import iris.mem
+from iris.mem import SymmetricHeap
+
+#: Programs (and so sync slots) per kernel launch; larger messages are split.
+MAX_SLOTS = 8192
+_STATUS_WORDS = 4
+
+
+def _env_bytes(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        nbytes = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of bytes") from None
+    if nbytes <= 0:
+        raise ValueError(f"{name} must be positive, got {nbytes}")
+    return nbytes
+
+
+def staging_bytes(backend: str) -> int:
+    """Bytes of each staging buffer (``IRIS_CCL_STAGING_BYTES``; default 64 MiB on GPUs,
+    4 MiB on the CPU backend)."""
+    return _env_bytes("IRIS_CCL_STAGING_BYTES", (64 << 20) if backend == "cuda" else (4 << 20))
+
+
+def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
+    """Global ranks of ``group`` (None: the world), in group-rank order."""
+    if group is None:
+        return list(range(dist.get_world_size()))
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this process is not a member of the group passed to the collective")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
+    return list(dist.get_process_group_ranks(group))
+
+
+class Communicator:
+    """Sync state and staging of collectives over ``group`` on ``heap``."""
+
+    def __init__(self, heap: SymmetricHeap, ranks: Sequence[int], owns_heap: bool):
+        self.heap = heap
+        self.owns_heap = owns_heap
+        self.global_ranks = list(ranks)
+        heap_ranks = heap.global_ranks
+        self.members = [heap_ranks.index(r) for r in self.global_ranks]
+        self.size = len(self.members)
+        self.index = self.members.index(heap.rank)
+        self.members_tensor = torch.tensor(self.members, dtype=torch.int32, device=heap.device)
+        self.flags = heap.zeros(MAX_SLOTS * self.size, dtype=torch.int32)
+        self.epochs = heap.zeros(MAX_SLOTS, dtype=torch.int32)
+        self.status = heap.zeros(_STATUS_WORDS, dtype=torch.int64)
+        self._staging: dict[str, torch.Tensor] = {}
+        heap.barrier()
+
+    @property
+    def device(self) -> torch.device:
+        return self.heap.device
+
+    def staging(self, name: str, nbytes: int, zero: bool = False) -> torch.Tensor:
+        """A uint8 heap buffer of at least ``nbytes`` named ``name``. Made on first use of the
+        name (collective: every member makes the same calls), zeroed then if ``zero``."""
+        buf = self._staging.get(name)
+        if buf is None:
+            buf = self.heap.empty(max(nbytes, staging_bytes(self.heap.backend)), dtype=torch.uint8)
+            if zero:
+                buf.zero_()
+                self.heap.barrier()
+            self._staging[name] = buf
+        if buf.numel() < nbytes:
+            raise RuntimeError(
+                f"internal: staging buffer {name!r} holds {buf.numel()} bytes, {nbytes} needed"
+            )
+        return buf
+
+    def staging_like(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A flat heap tensor with ``like``'s element count (and dtype, unless given)."""
+        dtype = dtype or like.dtype
+        buf = self.staging(name, like.numel() * dtype.itemsize)
+        return buf[: like.numel() * dtype.itemsize].view(dtype)
+
+    def staged_copy(self, name: str, src: torch.Tensor) -> torch.Tensor:
+        """``src`` copied into the staging buffer ``name``."""
+        buf = self.staging_like(name, src)
+        buf.copy_(src)
+        return buf
+
+    def check(self) -> None:
+        """Raise the first wait timeout a kernel of this communicator recorded (reads
+        device memory: immediate on the CPU backend, after a synchronisation on GPUs)."""
+        code, rank, peer, address = (int(v) for v in self.status.tolist())
+        if code:
+            self.status.zero_()
+            raise iris.mem.DeviceWaitTimeout(
+                f"rank {rank}: a collective gave up waiting for rank {peer} (flag at {address:#x}) after "
+                "IRIS_SPIN_LIMIT spins; every rank of the group must call the same collectives in the "
+                "same order with the same sizes"
+            )
+
+    def kernel_args(self) -> tuple:
+        """Leading arguments of every collective kernel."""
+        return (
+            self.heap.get_device_context(),
+            self.members_tensor,
+            self.flags,
+            self.epochs,
+            self.status,
+            iris.mem.spin_limit(),
+        )
+
+    def kernel_meta(self) -> dict:
+        """Constexpr arguments of every collective kernel."""
+        return {"RANK": self.heap.rank, "WORLD": self.heap.world_size, "GROUP": self.size, "ME": self.index}
+
+
+_COMMUNICATORS: dict[tuple[int, tuple[int, ...]], Communicator] = {}
+
+
+def _check_initialized() -> None:
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "iris.ccl collectives need torch.distributed: launch with torchrun, or call "
+            "torch.distributed.init_process_group() (or iris.mem.init()) first"
+        )
+
+
+def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Communicator | None:
+    """The communicator of the heap holding every tensor, when that heap spans exactly
+    ``group`` and the tensors are contiguous; else None (the collective must stage).
+
+    Every rank must pass tensors of the same kind (all on such a heap, or not), so that all
+    ranks make the same choice.
+    """
+    _check_initialized()
+    ranks = tuple(group_ranks(group))
+    heap = iris.mem.heap_of(tensors[0]) if tensors else None
+    if heap is None or tuple(heap.global_ranks) != ranks:
+        return None
+    if not all(t.is_contiguous() and heap.is_symmetric(t) for t in tensors):
+        return None
+    key = (id(heap), ranks)
+    comm = _COMMUNICATORS.get(key)
+    if comm is None or comm.heap.closed:
+        comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=False)
+    return comm
+
+
+def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
+    """The communicator on iris.ccl's own heap for ``group`` (made on first use, collectively;
+    ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers)."""
+    _check_initialized()
+    ranks = tuple(group_ranks(group))
+    key = (0, ranks)
+    comm = _COMMUNICATORS.get(key)
+    if comm is None or comm.heap.closed:
+        backend = "cuda" if device.type == "cuda" else "cpu"
+        size = 4 * staging_bytes(backend) + (8 << 20)
+        heap = iris.mem.init(size, backend=backend, group=group)
+        comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=True)
+    return comm
+
+
+def close_all() -> None:
+    """Close the heaps iris.ccl made for itself (also at interpreter exit)."""
+    for comm in list(_COMMUNICATORS.values()):
+        if comm.owns_heap:
+            comm.heap.close()
+    _COMMUNICATORS.clear()

@@ -1,0 +1,140 @@
+"""Host-side helpers shared by the collectives: validation, staging, launch chunking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+
+from . import _comm
+from .config import Config, select
+from .reduce_op import ReduceOp, check_dtype, check_op
+from .work import Work
+
+
+def check_tensor(t: Any, name: str) -> torch.Tensor:
+    """A clear TypeError for non-tensors and unsupported dtypes."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dtype(t.dtype, name)
+    return t
+
+
+def check_pair(out: torch.Tensor, inp: torch.Tensor, collective: str, out_numel: int) -> None:
+    """``out`` and ``inp`` agree in dtype and device, and ``out`` has ``out_numel`` elements."""
+    check_tensor(out, "out")
+    check_tensor(inp, "inp")
+    if out.dtype != inp.dtype:
+        raise TypeError(f"{collective}: out has dtype {out.dtype} but inp has {inp.dtype}; they must match")
+    if out.device != inp.device:
+        raise ValueError(f"{collective}: out is on {out.device} but inp is on {inp.device}; they must match")
+    if out.numel() != out_numel:
+        raise ValueError(
+            f"{collective}: out has {out.numel()} elements (shape {list(out.shape)}), expected {out_numel} "
+            f"for inp of shape {list(inp.shape)}"
+        )
+
+
+def contiguous_pair(inp: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat contiguous versions of ``inp`` and ``out``: views when they are contiguous,
+    else a copy of ``inp`` and a scratch tensor for ``out`` (see :func:`copy_back`)."""
+    src = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
+    dst = (
+        out.view(-1) if out.is_contiguous() else torch.empty(out.numel(), dtype=out.dtype, device=out.device)
+    )
+    return src, dst
+
+
+def copy_back(out: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy the flat result ``dst`` into a non-contiguous ``out`` (no-op when it is a view)."""
+    if not out.is_contiguous():
+        out.copy_(dst.view(out.shape))
+
+
+def acc_fp32(dtype: torch.dtype) -> bool:
+    """Whether reductions over ``dtype`` accumulate in fp32 (every floating type)."""
+    return dtype.is_floating_point
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype.is_floating_point else dtype
+
+
+def setup(
+    collective: str,
+    tensors: list[torch.Tensor],
+    group,
+    config: Config | None,
+    nbytes: int,
+    stage: bool = False,
+) -> tuple[_comm.Communicator, bool, Config]:
+    """The communicator to run on, whether the tensors are used in place (else they are
+    staged through iris.ccl's own heap), and the resolved config. ``stage`` forces staging."""
+    comm = None if stage else _comm.in_place(tensors, group)
+    in_place = comm is not None
+    if comm is None:
+        comm = _comm.own(group, tensors[0].device)
+    cfg = select(collective, nbytes, comm.size, comm.heap.backend == "cpu", config)
+    return comm, in_place, cfg
+
+
+def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **meta) -> None:
+    """Launch ``kernel`` with the communicator's leading arguments and constexprs."""
+    if grid > _comm.MAX_SLOTS:
+        raise RuntimeError(f"internal: grid {grid} exceeds {_comm.MAX_SLOTS} sync slots")
+    kernel[(grid,)](
+        *comm.kernel_args(),
+        *args,
+        **comm.kernel_meta(),
+        BLOCK=cfg.block_size,
+        num_warps=cfg.num_warps,
+        **meta,
+    )
+    if comm.heap.backend == "cpu":
+        comm.check()
+
+
+def chunks(total: int, per_chunk: int):
+    """``(start, length)`` pieces of ``range(total)``."""
+    for start in range(0, total, per_chunk):
+        yield start, min(per_chunk, total - start)
+
+
+def max_elements(
+    cfg: Config, itemsize: int, staged: bool, comm: _comm.Communicator, tiles_per_program: int = 1
+) -> int:
+    """Elements one launch may cover: the sync slots, the config's chunk, and (staged) the
+    staging buffer."""
+    limit = _comm.MAX_SLOTS * cfg.block_size * tiles_per_program
+    if cfg.chunk_elements:
+        limit = min(limit, cfg.chunk_elements)
+    if staged:
+        limit = min(limit, _comm.staging_bytes(comm.heap.backend) // itemsize)
+    return max(limit, 1)
+
+
+def finish(comm: _comm.Communicator, async_op: bool) -> Work | None:
+    return Work(comm.device) if async_op else None
+
+
+def cdiv(a: int, b: int) -> int:
+    return triton.cdiv(a, b)
+
+
+__all__ = [
+    "ReduceOp",
+    "acc_dtype",
+    "acc_fp32",
+    "cdiv",
+    "check_op",
+    "check_pair",
+    "check_tensor",
+    "chunks",
+    "finish",
+    "contiguous_pair",
+    "copy_back",
+    "launch",
+    "max_elements",
+    "setup",
+]

@@ -1,0 +1,69 @@
+"""``Config``: how a collective runs, and the table that picks one by message size."""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: Variants each collective accepts ("auto" picks from the table).
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock"),
+    "all_gather": ("auto", "push", "pull"),
+    "reduce_scatter": ("auto", "push", "pull"),
+    "all_to_all": ("auto", "push", "pull"),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    """Launch configuration of a collective. Every field 0 or "auto" means "choose".
+
+    Attributes:
+        variant: algorithm; see :data:`VARIANTS` (collectives with one algorithm take "auto").
+        block_size: elements per tile, a power of two.
+        num_warps: warps per program, a power of two up to 32.
+        chunk_elements: elements per kernel launch when a message is split (staging through
+            the workspace splits messages larger than the workspace anyway).
+    """
+
+    variant: str = "auto"
+    block_size: int = 0
+    num_warps: int = 0
+    chunk_elements: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.variant, str) or not self.variant:
+            raise ValueError(f"Config.variant must be a non-empty string, got {self.variant!r}")
+        if self.block_size and (self.block_size < 16 or self.block_size & (self.block_size - 1)):
+            raise ValueError(f"Config.block_size must be a power of two >= 16, got {self.block_size}")
+        if self.num_warps and (self.num_warps > 32 or self.num_warps & (self.num_warps - 1)):
+            raise ValueError(f"Config.num_warps must be a power of two <= 32, got {self.num_warps}")
+        if self.chunk_elements < 0:
+            raise ValueError(f"Config.chunk_elements must be >= 0, got {self.chunk_elements}")
+
+    def check_variant(self, collective: str) -> None:
+        """Raise ValueError unless ``variant`` is one ``collective`` implements."""
+        allowed = VARIANTS.get(collective, ("auto",))
+        if self.variant not in allowed:
+            raise ValueError(f"{collective} has no variant {self.variant!r}; use one of {', '.join(allowed)}")
+
+
+def select(collective: str, nbytes: int, world_size: int, interpreted: bool, config: Config | None) -> Config:
+    """The configuration to run: ``config`` with every "choose" field filled in.
+
+    The table below is the best known per size class; on the CPU backend (interpreter)
+    larger tiles mean fewer interpreted programs, which is what costs time there.
+    """
+    config = config or Config()
+    config.check_variant(collective)
+    variant = config.variant
+    if variant == "auto":
+        if collective == "all_reduce":
+            variant = "one_shot" if nbytes <= (256 << 10) or world_size <= 2 else "two_shot"
+        elif collective in VARIANTS:
+            variant = "push"
+    block = config.block_size or (1024 if interpreted else (1024 if nbytes <= (64 << 10) else 4096))
+    warps = config.num_warps or (4 if block <= 1024 else 8)
+    chunk = config.chunk_elements or 0
+    return dataclasses.replace(
+        config, variant=variant, block_size=block, num_warps=warps, chunk_elements=chunk
+    )
