@@ -25,27 +25,12 @@ from iris.mem.triton import Context
 from . import _host
 from .config import Config
 from .reduce_op import ReduceOp
-from .triton.sync import combine, group_sync, record_timeout
+from .triton import Group, tiles
 from .work import Work
 
-
-@triton.jit
-def _reduce_tile(
-    ctx, src, offs, mask, members, GROUP: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr
-):
-    """Reduction over members of ``src[offs]`` (pulled from each member's heap), in member
-    order so every rank gets bitwise the same result."""
-    acc = ctx.load(src + offs, tl.load(members), mask=mask, other=0)
-    if ACC_FP32:
-        acc = acc.to(tl.float32)
-    for i in tl.static_range(1, GROUP):
-        x = ctx.load(src + offs, tl.load(members + i), mask=mask, other=0)
-        if ACC_FP32:
-            x = x.to(tl.float32)
-        acc = combine(acc, x, OP)
-    if OP == "avg":
-        acc = acc / GROUP
-    return acc
+# Every collective kernel takes the communicator's leading arguments (context tensor,
+# members, flags, epochs, status, spin budget) and constexprs (RANK, WORLD, GROUP, ME,
+# BLOCK); see _comm.Communicator.kernel_args / kernel_meta.
 
 
 @triton.jit
@@ -54,16 +39,11 @@ def _one_shot_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr,
 ):  # fmt: skip
-    """Program p: start barrier, pull and reduce tile p, end barrier, store locally (after
-    the end barrier, so ``dst`` may be ``src``). ``dst`` need not be on the heap."""
     ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
-    acc = _reduce_tile(ctx, src, offs, mask, members, GROUP, OP, ACC_FP32)
-    group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
-    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    tiles.all_reduce_one_shot(ctx, group, src, dst, offs, offs < n, pid, OP, ACC_FP32)
 
 
 @triton.jit
@@ -72,18 +52,11 @@ def _two_shot_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr,
 ):  # fmt: skip
-    """Program p: the owner of tile p (member p % GROUP) reduces it and pushes the result
-    into every member's ``dst``; the barriers bracket the exchange."""
     ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
-    if pid % GROUP == ME:
-        acc = _reduce_tile(ctx, src, offs, mask, members, GROUP, OP, ACC_FP32).to(dst.dtype.element_ty)
-        for i in tl.static_range(GROUP):
-            ctx.store(dst + offs, acc, tl.load(members + ((ME + i) % GROUP)), mask=mask)
-    group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
+    tiles.all_reduce_two_shot(ctx, group, src, dst, offs, offs < n, pid, pid % GROUP, OP, ACC_FP32)
 
 
 @triton.jit
@@ -92,75 +65,26 @@ def _ring_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr,
 ):  # fmt: skip
-    """Program p owns GROUP consecutive tiles ("chunks"). Reduce-scatter: at step s each
-    rank pulls the left neighbour's partial of chunk (ME-1-s) mod G, adds its own input and
-    keeps the partial in ``dst``. All-gather: at step s it copies the left neighbour's
-    finished chunk (ME-s) mod G. A barrier separates the steps."""
     ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    left = tl.load(members + (ME + GROUP - 1) % GROUP)
-    lanes = tl.arange(0, BLOCK)
-    group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
-    for s in tl.static_range(GROUP - 1):
-        chunk = (ME + 2 * GROUP - 1 - s) % GROUP
-        offs = (pid * GROUP + chunk) * BLOCK + lanes
-        mask = offs < n
-        if s == 0:
-            theirs = ctx.load(src + offs, left, mask=mask, other=0)
-        else:
-            theirs = ctx.load(dst + offs, left, mask=mask, other=0)
-        mine = tl.load(src + offs, mask=mask, other=0)
-        if ACC_FP32:
-            partial = combine(theirs.to(tl.float32), mine.to(tl.float32), OP)
-        else:
-            partial = combine(theirs, mine, OP)
-        if s == GROUP - 2:
-            if OP == "avg":
-                partial = partial / GROUP
-        tl.store(dst + offs, partial.to(dst.dtype.element_ty), mask=mask)
-        group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
-    for s in tl.static_range(GROUP - 1):
-        chunk = (ME + GROUP - s) % GROUP
-        offs = (pid * GROUP + chunk) * BLOCK + lanes
-        mask = offs < n
-        tl.store(dst + offs, ctx.load(dst + offs, left, mask=mask, other=0), mask=mask)
-        group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
+    tiles.all_reduce_ring(ctx, group, src, dst, pid * GROUP * BLOCK, n, pid, BLOCK, OP, ACC_FP32)
 
 
 @triton.jit
 def _atomic_kernel(
     context, members, flags, epochs, status, budget, src, acc, locks, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    OP: tl.constexpr, LOCKED: tl.constexpr,
+    LOCKED: tl.constexpr,
 ):  # fmt: skip
-    """SUM only. Program p: zero the local accumulator tile, barrier, add the input tile
-    into every member's accumulator (atomics, or read-add-write under the target's tile
-    lock), barrier. ``acc`` has the accumulation dtype."""
     ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(src + offs, mask=mask, other=0).to(acc.dtype.element_ty)
-    tl.store(acc + offs, tl.zeros([BLOCK], acc.dtype.element_ty), mask=mask)
-    group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
-    for i in tl.static_range(GROUP):
-        peer = tl.load(members + (ME + i) % GROUP)  # rotate the start to spread contention
-        if LOCKED:
-            lock = locks + pid
-            spins = pid * 0
-            while (ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys") != 0) & (spins < budget):
-                spins += 1
-            if spins < budget:
-                tl.debug_barrier()
-                old = ctx.load(acc + offs, peer, mask=mask, other=0, volatile=True)
-                ctx.store(acc + offs, old + x, peer, mask=mask)
-                tl.debug_barrier()
-                ctx.atomic_xchg(lock, 0, peer, sem="release", scope="sys")
-            else:
-                record_timeout(status, RANK, peer, ctx.translate(lock, peer))
-        else:
-            ctx.atomic_add(acc + offs, x, peer, mask=mask, sem="relaxed", scope="sys")
-    group_sync(ctx, members, flags, epochs, status, budget, pid, GROUP, ME)
+    if LOCKED:
+        tiles.all_reduce_spinlock(ctx, group, src, acc, offs, offs < n, locks + pid, pid)
+    else:
+        tiles.all_reduce_atomic(ctx, group, src, acc, offs, offs < n, pid)
 
 
 _KERNELS = {"one_shot": _one_shot_kernel, "two_shot": _two_shot_kernel, "ring": _ring_kernel}
@@ -226,8 +150,7 @@ def all_reduce(
             acc = comm.staging_like("acc", dst, dtype=_host.acc_dtype(dst.dtype))
             locks = comm.staging("locks", grid * 4, zero=True).view(torch.int32)
             _host.launch(
-                _atomic_kernel, grid, comm, cfg, src, acc, locks, length,
-                OP="sum", LOCKED=cfg.variant == "spinlock",
+                _atomic_kernel, grid, comm, cfg, src, acc, locks, length, LOCKED=cfg.variant == "spinlock",
             )  # fmt: skip
             dst.copy_(acc / comm.size if rop is ReduceOp.AVG else acc)
     _host.copy_back(out, dst_all)

@@ -1,5 +1,6 @@
 """Device-side API for Triton kernels: :class:`Context` and the functional RMA forms."""
 
+from ._compat import aggregate
 from .context import HEAP_BASES_OFFSET, Context
 from .ops import (
     atomic_add,
@@ -22,6 +23,7 @@ from .ops import (
 __all__ = [
     "HEAP_BASES_OFFSET",
     "Context",
+    "aggregate",
     "atomic_add",
     "atomic_and",
     "atomic_cas",

@@ -1,0 +1,56 @@
+"""``Group``: the device-side view of a collective's ranks and their sync state."""
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import constexpr_function
+
+from iris.mem.triton import aggregate
+
+from .sync import group_sync
+
+
+@aggregate
+class Group:
+    """Members of a collective and their per-program sync slots.
+
+    Fields: ``members`` (pointer to the members' heap ranks, int32), ``flags`` and
+    ``epochs`` (sync state on the heap, see :func:`group_sync`), ``status`` (int64[4]
+    timeout record), ``budget`` (spins per wait), ``size`` and ``index`` (this rank's
+    position in ``members``), both constexpr.
+    """
+
+    members: tl.tensor
+    flags: tl.tensor
+    epochs: tl.tensor
+    status: tl.tensor
+    budget: tl.tensor
+    size: tl.constexpr
+    index: tl.constexpr
+
+    @constexpr_function
+    def __init__(self, members, flags, epochs, status, budget, size, index):
+        self.members = members
+        self.flags = flags
+        self.epochs = epochs
+        self.status = status
+        self.budget = budget
+        self.size = tl.constexpr(size)
+        self.index = tl.constexpr(index)
+
+    @staticmethod
+    @triton.jit
+    def initialize(members, flags, epochs, status, budget, size: tl.constexpr, index: tl.constexpr):
+        """Build the group from a collective kernel's leading arguments."""
+        return Group(members, flags, epochs, status, budget, size, index)
+
+    @triton.jit
+    def rank(self, i):
+        """Heap rank of member ``i`` (0 <= i < size)."""
+        return tl.load(self.members + i)
+
+    @triton.jit
+    def sync(self, ctx, slot):
+        """Barrier of sync slot ``slot`` (usually the program id) across the members."""
+        group_sync(
+            ctx, self.members, self.flags, self.epochs, self.status, self.budget, slot, self.size, self.index
+        )

@@ -1,0 +1,138 @@
+"""Tile collectives: the bodies of iris.ccl's collectives, callable from a user's kernel.
+
+Each function moves one tile (a block of offsets ``offs`` with ``mask``) and synchronises
+through ``group.sync(ctx, slot)``; ``slot`` must be the same on every member for the same
+tile and distinct between tiles in flight (a kernel that owns its tile loop passes the
+program id, or a tile counter below the communicator's slot count). Pointers are given in
+this rank's heap and translated by ``ctx``.
+"""
+
+import triton
+import triton.language as tl
+
+from .sync import combine, record_timeout
+
+
+@triton.jit
+def reduce_tile(ctx, group, src, offs, mask, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True):
+    """Reduction of ``src[offs]`` over the members (pulled from each heap, in member order,
+    so every rank computes bitwise the same result). Returns the accumulator (fp32 for
+    floating types when ``ACC_FP32``); AVG is divided by the group size."""
+    acc = ctx.load(src + offs, group.rank(0), mask=mask, other=0)
+    if ACC_FP32:
+        acc = acc.to(tl.float32)
+    for i in tl.static_range(1, group.size):
+        x = ctx.load(src + offs, group.rank(i), mask=mask, other=0)
+        if ACC_FP32:
+            x = x.to(tl.float32)
+        acc = combine(acc, x, OP)
+    if OP == "avg":
+        acc = acc / group.size
+    return acc
+
+
+@triton.jit
+def all_reduce_one_shot(
+    ctx, group, src, dst, offs, mask, slot, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+):
+    """Barrier, pull and reduce the tile from every member, barrier, store to the local
+    ``dst`` (which may be ``src``, and need not be on the heap)."""
+    group.sync(ctx, slot)
+    acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32)
+    group.sync(ctx, slot)
+    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def all_reduce_two_shot(
+    ctx, group, src, dst, offs, mask, slot, owner, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+):
+    """Member ``owner`` reduces the tile and pushes it into every member's ``dst`` (on the
+    heap); the others only take part in the barriers."""
+    group.sync(ctx, slot)
+    if owner == group.index:
+        acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32).to(dst.dtype.element_ty)
+        for i in tl.static_range(group.size):
+            ctx.store(dst + offs, acc, group.rank((group.index + i) % group.size), mask=mask)
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def all_reduce_ring(
+    ctx,
+    group,
+    src,
+    dst,
+    base,
+    n,
+    slot,
+    BLOCK: tl.constexpr,
+    OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True,
+):
+    """Ring all-reduce of ``group.size`` consecutive tiles of ``BLOCK`` starting at element
+    ``base`` (of ``n``): reduce-scatter then all-gather between neighbours, a barrier per
+    step. ``src`` and ``dst`` are on the heap; ``dst`` may be ``src``."""
+    left = group.rank((group.index + group.size - 1) % group.size)
+    lanes = tl.arange(0, BLOCK)
+    group.sync(ctx, slot)
+    for s in tl.static_range(group.size - 1):
+        offs = base + ((group.index + 2 * group.size - 1 - s) % group.size) * BLOCK + lanes
+        mask = offs < n
+        if s == 0:
+            theirs = ctx.load(src + offs, left, mask=mask, other=0)
+        else:
+            theirs = ctx.load(dst + offs, left, mask=mask, other=0)
+        mine = tl.load(src + offs, mask=mask, other=0)
+        if ACC_FP32:
+            partial = combine(theirs.to(tl.float32), mine.to(tl.float32), OP)
+        else:
+            partial = combine(theirs, mine, OP)
+        if s == group.size - 2:
+            if OP == "avg":
+                partial = partial / group.size
+        tl.store(dst + offs, partial.to(dst.dtype.element_ty), mask=mask)
+        group.sync(ctx, slot)
+    for s in tl.static_range(group.size - 1):
+        offs = base + ((group.index + group.size - s) % group.size) * BLOCK + lanes
+        mask = offs < n
+        tl.store(dst + offs, ctx.load(dst + offs, left, mask=mask, other=0), mask=mask)
+        group.sync(ctx, slot)
+
+
+@triton.jit
+def all_reduce_atomic(ctx, group, src, acc, offs, mask, slot):
+    """SUM into every member's accumulator ``acc`` (heap, accumulation dtype) with atomics:
+    zero the local tile, barrier, add, barrier."""
+    x = tl.load(src + offs, mask=mask, other=0).to(acc.dtype.element_ty)
+    tl.store(acc + offs, tl.zeros_like(x), mask=mask)
+    group.sync(ctx, slot)
+    for i in tl.static_range(group.size):
+        ctx.atomic_add(
+            acc + offs, x, group.rank((group.index + i) % group.size), mask=mask, sem="relaxed", scope="sys"
+        )
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
+    """SUM into every member's accumulator ``acc`` by read-add-write under the member's
+    ``lock`` (int32 on the heap, 0 when free): zero the local tile, barrier, add, barrier.
+    A lock not obtained within the budget is recorded as a timeout."""
+    x = tl.load(src + offs, mask=mask, other=0).to(acc.dtype.element_ty)
+    tl.store(acc + offs, tl.zeros_like(x), mask=mask)
+    group.sync(ctx, slot)
+    for i in tl.static_range(group.size):
+        peer = group.rank((group.index + i) % group.size)
+        spins = slot * 0
+        while (ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys") != 0) & (spins < group.budget):
+            spins += 1
+        if spins < group.budget:
+            tl.debug_barrier()
+            old = ctx.load(acc + offs, peer, mask=mask, other=0, volatile=True)
+            ctx.store(acc + offs, old + x, peer, mask=mask)
+            tl.debug_barrier()
+            ctx.atomic_xchg(lock, 0, peer, sem="release", scope="sys")
+        else:
+            record_timeout(group.status, ctx.rank, peer, ctx.translate(lock, peer))
+    group.sync(ctx, slot)

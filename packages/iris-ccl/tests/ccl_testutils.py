@@ -1,0 +1,69 @@
+"""Helpers shared by the iris-ccl tests (imported by name; the tests folder is on sys.path).
+
+Tests run every collective in real multi-process worlds (iris.mem.testing.run_world) and
+compare with torch.distributed on the same data: gloo on the CPU backend, the same calls on
+GPUs (``IRIS_BACKEND=cuda``, tests marked ``gpu``).
+"""
+
+import os
+
+import pytest
+import torch
+
+BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+#: (dtype, atol, rtol) for results reduced over up to 4 ranks of values in [-8, 8).
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (6e-2, 2e-2),
+    torch.int32: (0, 0),
+    torch.int64: (0, 0),
+}
+WORLD_SIZES = [1, 2, 3, 4]
+#: Element counts: one element, odd, not a multiple of any block or of the world size.
+SIZES = [1, 7, 1000, 4099]
+
+
+def require_world(world_size: int) -> None:
+    """Skip when the GPU tier has fewer GPUs than ranks."""
+    if BACKEND == "cuda" and torch.cuda.device_count() < world_size:
+        pytest.skip(
+            f"a world of {world_size} ranks needs {world_size} GPUs, found {torch.cuda.device_count()}"
+        )
+
+
+def device() -> torch.device:
+    """This rank's device inside a world (run_world sets LOCAL_RANK)."""
+    if BACKEND == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def make_input(shape, dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tensor:
+    """Random data distinct per rank (same on every run), on this rank's device: floats in
+    [-8, 8), ints in [-100, 100)."""
+    g = torch.Generator().manual_seed(1000 * rank + 17 * salt + 1)
+    if dtype.is_floating_point:
+        x = torch.rand(shape, generator=g, dtype=torch.float32) * 16 - 8
+    else:
+        x = torch.randint(-100, 100, shape, generator=g, dtype=torch.int64)
+    return x.to(dtype).to(device())
+
+
+def mismatch(got: torch.Tensor, want: torch.Tensor, what: str) -> str | None:
+    """None when ``got`` matches ``want`` within the dtype's tolerance, else a description
+    of the worst elements (a string, so bodies can return it to the test)."""
+    got, want = got.detach().cpu(), want.detach().cpu()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{what}: shape/dtype {list(got.shape)} {got.dtype} != {list(want.shape)} {want.dtype}"
+    atol, rtol = TOLERANCES.get(got.dtype, (1e-2, 1e-2))
+    g, w = got.double(), want.double()
+    bad = ~torch.isclose(g, w, atol=atol, rtol=rtol)
+    if not bad.any():
+        return None
+    idx = bad.nonzero()[:5].tolist()
+    return (
+        f"{what}: {int(bad.sum())} of {got.numel()} differ; first {idx}: "
+        f"got {g[bad][:5].tolist()} want {w[bad][:5].tolist()}"
+    )
