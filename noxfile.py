@@ -99,7 +99,7 @@ def examples(session: nox.Session) -> None:
     """
     session.install(TORCH, TRITON)
     session.install(TORCH, TRITON, *_package_paths())
-    scripts = sorted((ROOT / "examples").glob("*.py"))
+    scripts = sorted((ROOT / "examples").glob("[0-9]*.py"))
     if session.posargs:
         scripts = [s for s in scripts if any(arg in s.name for arg in session.posargs)]
     if not scripts:

@@ -41,6 +41,24 @@ def staging_bytes(backend: str) -> int:
     return _env_bytes("IRIS_CCL_STAGING_BYTES", (64 << 20) if backend == "cuda" else (4 << 20))
 
 
+#: Bytes of one point-to-point tile: a mailbox slot is split into tiles of this size, each
+#: moved by one program with its own sequence counters (see p2p.py).
+P2P_TILE_BYTES = 16 << 10
+
+
+def p2p_bytes() -> int:
+    """Bytes of each mailbox slot of send/recv (``IRIS_CCL_P2P_BYTES``, default 256 KiB,
+    rounded up to whole tiles of :data:`P2P_TILE_BYTES`); one slot per sender on every rank."""
+    nbytes = _env_bytes("IRIS_CCL_P2P_BYTES", 256 << 10)
+    return -(-nbytes // P2P_TILE_BYTES) * P2P_TILE_BYTES
+
+
+def p2p_heap_bytes(group_size: int) -> int:
+    """Heap bytes of the send/recv state of a group: mailboxes and counters (with slack)."""
+    tiles = p2p_bytes() // P2P_TILE_BYTES
+    return group_size * p2p_bytes() + 4 * group_size * tiles * 4 + (64 << 10)
+
+
 def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
     """Global ranks of ``group`` (None: the world), in group-rank order."""
     if group is None:
@@ -68,6 +86,12 @@ class Communicator:
         self.epochs = heap.zeros(MAX_SLOTS, dtype=torch.int32)
         self.status = heap.zeros(_STATUS_WORDS, dtype=torch.int64)
         self._staging: dict[str, torch.Tensor] = {}
+        # send/recv state, on iris.ccl's own heaps only (p2p always runs there): one mailbox
+        # slot per sender, and int32 counters [4 (seq, ack, sent, received), size, tiles].
+        self.p2p_mailbox = self.p2p_counters = None
+        if owns_heap:
+            self.p2p_mailbox = heap.empty(self.size * p2p_bytes(), dtype=torch.uint8)
+            self.p2p_counters = heap.zeros(4 * self.size * (p2p_bytes() // P2P_TILE_BYTES), dtype=torch.int32)
         heap.barrier()
 
     @property
@@ -157,7 +181,7 @@ def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -
         return None
     key = (id(heap), ranks)
     comm = _COMMUNICATORS.get(key)
-    if comm is None or comm.heap.closed:
+    if comm is None or comm.heap is not heap or comm.heap.closed:
         comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=False)
     return comm
 
@@ -171,7 +195,7 @@ def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
     comm = _COMMUNICATORS.get(key)
     if comm is None or comm.heap.closed:
         backend = "cuda" if device.type == "cuda" else "cpu"
-        size = 4 * staging_bytes(backend) + (8 << 20)
+        size = 4 * staging_bytes(backend) + (8 << 20) + p2p_heap_bytes(len(ranks))
         heap = iris.mem.init(size, backend=backend, group=group)
         comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=True)
     return comm

@@ -13,8 +13,10 @@ import dataclasses
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -201,4 +203,48 @@ def run_world(
     return [r.value for r in results]
 
 
-__all__ = ["RankResult", "WorldError", "launch_world", "run_world"]
+def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> str:
+    """Run a self-checking example script under torchrun and return its output.
+
+    The script defines ``NAME = "..."`` and prints ``[rank r/w] NAME: validated`` on every
+    rank (or ``FAILED``). Runs on the backend of ``IRIS_BACKEND`` (the interpreter for
+    ``cpu``). Raises AssertionError naming what went wrong: an exit code, a missing rank
+    line, a FAILED line, or the deadline.
+    """
+    path = os.fspath(path)
+    with open(path) as f:
+        match = re.search(r'^NAME = "([^"]+)"', f.read(), re.MULTILINE)
+    if not match:
+        raise AssertionError(f"{path} defines no NAME constant")
+    backend = os.environ.get("IRIS_BACKEND", "cpu")
+    env = {**os.environ, "IRIS_BACKEND": backend, "OMP_NUM_THREADS": "1"}
+    if backend == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        path,
+    ]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"{path} with {nproc} rank(s) did not finish in {timeout:g} s:\n{exc.stdout}\n{exc.stderr}"
+        ) from None
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"{path} with {nproc} rank(s) exited {proc.returncode}:\n{output}")
+    for rank in range(nproc):
+        line = f"[rank {rank}/{nproc}] {match.group(1)}: validated"
+        if line not in proc.stdout:
+            raise AssertionError(f"rank {rank} did not print {line!r}:\n{output}")
+    if "FAILED" in proc.stdout:
+        raise AssertionError(output)
+    return output
+
+
+__all__ = ["RankResult", "WorldError", "launch_world", "run_example", "run_world"]

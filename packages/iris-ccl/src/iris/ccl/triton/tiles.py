@@ -136,3 +136,177 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
         else:
             record_timeout(group.status, ctx.rank, peer, ctx.translate(lock, peer))
     group.sync(ctx, slot)
+
+
+@triton.jit
+def all_gather_push(ctx, group, src, dst, offs, mask, n_per_rank, slot):
+    """Store the local tile ``src[offs]`` into every member's ``dst`` (on the heap) at
+    ``index * n_per_rank + offs``, between two barriers: the first keeps a member's ``dst``
+    untouched until it has entered the collective (it may still be reading the previous
+    result), the second makes every member's tiles visible. ``src`` is read locally only
+    and may be ``dst``'s own chunk (in-place all-gather)."""
+    x = tl.load(src + offs, mask=mask)
+    at = dst + tl.cast(group.index, tl.int64) * n_per_rank
+    group.sync(ctx, slot)
+    for i in tl.static_range(group.size):
+        ctx.store(at + offs, x, group.rank((group.index + i) % group.size), mask=mask)
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def all_gather_pull(ctx, group, src, dst, offs, mask, n_per_rank, slot):
+    """Barrier, load the tile ``src[offs]`` (on the heap) of every member ``i`` into the
+    local ``dst`` at ``i * n_per_rank + offs`` (``dst`` need not be on the heap), barrier
+    (so no member changes its ``src`` while another still reads it)."""
+    group.sync(ctx, slot)
+    for k in tl.static_range(group.size):
+        i = (group.index + k) % group.size
+        x = ctx.load(src + offs, group.rank(i), mask=mask)
+        tl.store(dst + tl.cast(i, tl.int64) * n_per_rank + offs, x, mask=mask)
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def reduce_scatter_pull(
+    ctx, group, src, dst, offs, mask, n_per_rank, slot, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+):
+    """Barrier, reduce chunk ``index`` of ``src`` (on the heap, chunks ``n_per_rank``
+    apart) over the members with :func:`reduce_tile`, barrier, store the tile into the local
+    ``dst`` (which may alias this rank's chunk of ``src``)."""
+    group.sync(ctx, slot)
+    acc = reduce_tile(ctx, group, src + tl.cast(group.index, tl.int64) * n_per_rank, offs, mask, OP, ACC_FP32)
+    group.sync(ctx, slot)
+    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def reduce_scatter_push(
+    ctx,
+    group,
+    src,
+    dst,
+    ws,
+    offs,
+    mask,
+    n_per_rank,
+    ws_per_rank,
+    slot,
+    OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True,
+):
+    """Barrier (every member's workspace is free), push chunk ``j`` of the local ``src``
+    (chunks ``n_per_rank`` apart) into member ``j``'s workspace ``ws`` (on the heap, slots
+    ``ws_per_rank`` apart) at slot ``index``, barrier, reduce the ``size`` slots of the
+    local workspace in member order (bitwise the same as :func:`reduce_scatter_pull`) and
+    store the tile into the local ``dst``."""
+    at = ws + tl.cast(group.index, tl.int64) * ws_per_rank
+    group.sync(ctx, slot)
+    for k in tl.static_range(group.size):
+        j = (group.index + k) % group.size
+        x = tl.load(src + tl.cast(j, tl.int64) * n_per_rank + offs, mask=mask)
+        ctx.store(at + offs, x, group.rank(j), mask=mask)
+    group.sync(ctx, slot)
+    acc = tl.load(ws + offs, mask=mask, other=0)
+    if ACC_FP32:
+        acc = acc.to(tl.float32)
+    for i in tl.static_range(1, group.size):
+        x = tl.load(ws + tl.cast(i, tl.int64) * ws_per_rank + offs, mask=mask, other=0)
+        if ACC_FP32:
+            x = x.to(tl.float32)
+        acc = combine(acc, x, OP)
+    if OP == "avg":
+        acc = acc / group.size
+    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def all_to_all_push(ctx, group, src, dst, offs, mask, src_per_rank, dst_per_rank, slot):
+    """Barrier, store chunk ``j`` of the local ``src`` (chunks ``src_per_rank`` apart) into
+    member ``j``'s ``dst`` (on the heap, chunks ``dst_per_rank`` apart) at chunk ``index``,
+    barrier. ``src`` must not overlap ``dst``."""
+    at = dst + tl.cast(group.index, tl.int64) * dst_per_rank
+    group.sync(ctx, slot)
+    for k in tl.static_range(group.size):
+        j = (group.index + k) % group.size
+        x = tl.load(src + tl.cast(j, tl.int64) * src_per_rank + offs, mask=mask)
+        ctx.store(at + offs, x, group.rank(j), mask=mask)
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def all_to_all_pull(ctx, group, src, dst, offs, mask, src_per_rank, dst_per_rank, slot):
+    """Barrier, load chunk ``index`` of member ``j``'s ``src`` (on the heap, chunks
+    ``src_per_rank`` apart) into chunk ``j`` of the local ``dst`` (chunks ``dst_per_rank``
+    apart), barrier. ``src`` must not overlap ``dst``."""
+    at = src + tl.cast(group.index, tl.int64) * src_per_rank
+    group.sync(ctx, slot)
+    for k in tl.static_range(group.size):
+        j = (group.index + k) % group.size
+        x = ctx.load(at + offs, group.rank(j), mask=mask)
+        tl.store(dst + tl.cast(j, tl.int64) * dst_per_rank + offs, x, mask=mask)
+    group.sync(ctx, slot)
+
+
+# --------------------------------------------------------------------------- rooted collectives
+
+
+@triton.jit
+def broadcast_pull(ctx, group, src, dst, offs, mask, slot, root):
+    """Broadcast of one tile from member ``root``: barrier, every other member loads
+    ``src[offs]`` from ``root``'s heap into its local ``dst`` (which may be ``src``, and need
+    not be on the heap), barrier (so ``root`` may reuse ``src`` afterwards).
+
+    :param root: group index (not global rank) of the member holding the data.
+    """
+    group.sync(ctx, slot)
+    if group.index != root:
+        x = ctx.load(src + offs, group.rank(root), mask=mask)
+        tl.store(dst + offs, x, mask=mask)
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def reduce_pull(
+    ctx, group, src, dst, offs, mask, slot, root, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+):
+    """Reduction of one tile to member ``root``: barrier, ``root`` pulls ``src[offs]`` from
+    every member, reduces (see :func:`reduce_tile`) and stores into its local ``dst`` (which
+    may be ``src``, and need not be on the heap); the others only take part in the barriers,
+    and their ``dst`` is not touched."""
+    group.sync(ctx, slot)
+    if group.index == root:
+        acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32)
+        tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def scatter_push(ctx, group, src, dst, offs, mask, slot, root, stride):
+    """Scatter of one tile from member ``root``: barrier, ``root`` stores ``src[i * stride +
+    offs]`` (local, any memory) into member ``i``'s ``dst[offs]`` (on the heap) for every
+    member ``i``, barrier. ``src`` is read on ``root`` only.
+
+    :param stride: elements between consecutive members' chunks in ``src``.
+    """
+    group.sync(ctx, slot)
+    if group.index == root:
+        for i in tl.static_range(group.size):
+            x = tl.load(src + i * stride + offs, mask=mask)
+            ctx.store(dst + offs, x, group.rank(i), mask=mask)
+    group.sync(ctx, slot)
+
+
+@triton.jit
+def gather_pull(ctx, group, src, dst, offs, mask, slot, root, stride):
+    """Gather of one tile to member ``root``: barrier, ``root`` loads ``src[offs]`` (on the
+    heap) from every member ``i`` into its local ``dst[i * stride + offs]`` (any memory),
+    barrier. ``dst`` is written on ``root`` only.
+
+    :param stride: elements between consecutive members' chunks in ``dst``.
+    """
+    group.sync(ctx, slot)
+    if group.index == root:
+        for i in tl.static_range(group.size):
+            x = ctx.load(src + offs, group.rank(i), mask=mask)
+            tl.store(dst + i * stride + offs, x, mask=mask)
+    group.sync(ctx, slot)

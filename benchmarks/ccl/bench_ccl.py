@@ -1,0 +1,266 @@
+"""Collectives of iris.ccl beside NCCL and torch symmetric memory, in one run.
+
+    torchrun --nproc_per_node=2 benchmarks/ccl/bench_ccl.py --out benchmarks/ccl/results
+
+For each collective and per-rank input size from 8 KiB to 1 GiB (bf16 unless --dtype) it
+checks iris.ccl's result against NCCL's, then times iris.ccl (every variant, on heap
+tensors), NCCL (torch.distributed) and, for all_reduce, torch symm_mem's one_shot and
+two_shot all-reduce. Times are device times from CUDA events around replays of a CUDA
+graph of several calls, median over repetitions per rank, maximum over ranks. Prints a
+table with bus bandwidth and ratios; writes results.json and ccl_<collective>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import triton
+
+import iris.ccl
+import iris.mem
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+SIZES = [8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB] + [GiB]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+IRIS_VARIANTS = {
+    "all_reduce": ("one_shot", "two_shot", "ring", "atomic", "spinlock"),
+    "all_gather": ("push", "pull"),
+    "reduce_scatter": ("push", "pull"),
+    "all_to_all": ("push", "pull"),
+}
+
+
+def _time_us(fn, nbytes: int, reps: int) -> float:
+    """Median device time of one ``fn()`` in microseconds, from CUDA graph replays."""
+    calls = 20 if nbytes < MiB else 5 if nbytes < 64 * MiB else 1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()  # warm-up: compile, allocate workspaces, outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
+    t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _bus_factor(collective: str, world: int) -> float:
+    return 2 * (world - 1) / world if collective == "all_reduce" else (world - 1) / world
+
+
+class Buffers:
+    """Heap tensors for iris, plain tensors for NCCL, symm_mem tensors for torch."""
+
+    def __init__(self, heap, max_bytes: int, dtype: torch.dtype, world: int):
+        n = max_bytes // dtype.itemsize
+        self.inp = heap.randn(n, dtype=dtype)
+        self.out = heap.empty(n * world, dtype=dtype)
+        self.nccl_inp = torch.randn(n, dtype=dtype, device=heap.device)
+        self.nccl_out = torch.empty(n * world, dtype=dtype, device=heap.device)
+        self.symm = None
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            self.symm = symm_mem.empty(n, dtype=dtype, device=heap.device)
+            symm_mem.rendezvous(self.symm, group=dist.group.WORLD.group_name)
+        except Exception as e:  # noqa: BLE001 - report and go on without the baseline
+            if heap.rank == 0:
+                print(f"torch symm_mem unavailable: {e}")
+
+
+def _iris_call(collective: str, variant: str, b: Buffers, n: int, world: int):
+    cfg = iris.ccl.Config(variant=variant)
+    inp = b.inp[:n]
+    if collective == "all_reduce":
+        out = b.out[:n]
+        return lambda: iris.ccl.all_reduce(out, inp, config=cfg), out
+    if collective == "all_gather":
+        out = b.out[: n * world]
+        return lambda: iris.ccl.all_gather(out, inp, config=cfg), out
+    if collective == "reduce_scatter":
+        out = b.out[: n // world]
+        return lambda: iris.ccl.reduce_scatter(out, inp, config=cfg), out
+    out = b.out[:n]
+    return lambda: iris.ccl.all_to_all(out, inp, config=cfg), out
+
+
+def _nccl_call(collective: str, b: Buffers, n: int, world: int):
+    inp = b.nccl_inp[:n]
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(inp)
+    if collective == "all_gather":
+        out = b.nccl_out[: n * world]
+        return lambda: dist.all_gather_into_tensor(out, inp)
+    if collective == "reduce_scatter":
+        out = b.nccl_out[: n // world]
+        return lambda: dist.reduce_scatter_tensor(out, inp)
+    out = b.nccl_out[:n]
+    return lambda: dist.all_to_all_single(out, inp)
+
+
+def _check(collective: str, variant: str, b: Buffers, n: int, world: int) -> str | None:
+    """Compare iris's result with NCCL's on the same input (fresh random data)."""
+    b.inp[:n].normal_()
+    b.nccl_inp[:n].copy_(b.inp[:n])
+    fn, out = _iris_call(collective, variant, b, n, world)
+    fn()
+    ref_fn = _nccl_call(collective, b, n, world)
+    ref_fn()
+    torch.cuda.synchronize()
+    ref_numel = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world, "all_to_all": n}
+    ref = b.nccl_inp[:n] if collective == "all_reduce" else b.nccl_out[: ref_numel[collective]]
+    err = (out.float() - ref.float()).abs().max().item()
+    tol = 0.1 if collective in ("all_reduce", "reduce_scatter") else 0.0
+    return None if err <= tol else f"{collective}/{variant} n={n}: max error {err}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="benchmarks/ccl/results")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,all_to_all")
+    parser.add_argument("--max-bytes", type=int, default=GiB)
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dtype = DTYPES[args.dtype]
+    world = dist.get_world_size()
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    heap = iris.mem.init(2 * sizes[-1] * world + sizes[-1] + (256 << 20))
+    bufs = Buffers(heap, sizes[-1], dtype, world)
+    rows, failures = [], []
+    for collective in args.collectives.split(","):
+        if not hasattr(iris.ccl, collective):
+            continue
+        for nbytes in sizes:
+            n = nbytes // dtype.itemsize
+            n -= n % world
+            row = {"collective": collective, "bytes": nbytes, "dtype": args.dtype, "times_us": {}}
+            for variant in IRIS_VARIANTS[collective]:
+                problem = _check(collective, variant, bufs, n, world)
+                if problem:
+                    failures.append(problem)
+                    continue
+                fn, _ = _iris_call(collective, variant, bufs, n, world)
+                row["times_us"][f"iris_{variant}"] = _time_us(fn, nbytes, args.reps)
+            row["times_us"]["nccl"] = _time_us(_nccl_call(collective, bufs, n, world), nbytes, args.reps)
+            if collective == "all_reduce" and bufs.symm is not None:
+                group = dist.group.WORLD.group_name
+                s = bufs.symm[:n]
+                row["times_us"]["symm_one_shot"] = _time_us(
+                    lambda s=s, g=group: torch.ops.symm_mem.one_shot_all_reduce(s, "sum", g),
+                    nbytes,
+                    args.reps,
+                )
+                row["times_us"]["symm_two_shot"] = _time_us(
+                    lambda s=s, g=group: torch.ops.symm_mem.two_shot_all_reduce_(s, "sum", g),
+                    nbytes,
+                    args.reps,
+                )
+            iris_best = min((v, k) for k, v in row["times_us"].items() if k.startswith("iris_"))
+            row["iris_best_us"], row["iris_best"] = iris_best
+            total = nbytes * (world if collective == "all_gather" else 1)
+            row["busbw_GBps"] = _bus_factor(collective, world) * total / (iris_best[0] * 1e-6) / 1e9
+            rows.append(row)
+    if heap.rank == 0:
+        _report(rows, failures, args, world)
+    heap.close()
+    return 1 if failures else 0
+
+
+def _size(nbytes: int) -> str:
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if nbytes >= unit:
+            return f"{nbytes // unit} {name}"
+    return f"{nbytes} B"
+
+
+def _report(rows, failures, args, world) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "world_size": world,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "iris_ccl": iris.ccl.__version__,
+    }
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "failures": failures}, f, indent=1)
+    print(f"# iris.ccl vs NCCL / torch symm_mem, {args.dtype}, {world} x {meta['gpus'][0]} ({meta})")
+    for collective in dict.fromkeys(r["collective"] for r in rows):
+        sel = [r for r in rows if r["collective"] == collective]
+        cols = list(dict.fromkeys(k for r in sel for k in r["times_us"]))
+        print(f"\n## {collective} (us; busbw of the best iris variant)")
+        print(
+            "| size | " + " | ".join(cols) + " | iris best | busbw GB/s | NCCL / iris | symm 2shot / iris |"
+        )
+        print("|---" * (len(cols) + 5) + "|")
+        for r in sel:
+            t = r["times_us"]
+            cells = " | ".join(f"{t[c]:.1f}" if c in t else "-" for c in cols)
+            two = f"{t['symm_two_shot'] / r['iris_best_us']:.2f}" if "symm_two_shot" in t else "-"
+            print(
+                f"| {_size(r['bytes'])} | {cells} | {r['iris_best']} | {r['busbw_GBps']:.0f} | "
+                f"{t['nccl'] / r['iris_best_us']:.2f} | {two} |"
+            )
+    if failures:
+        print("\nFAILED checks (not timed):\n  " + "\n  ".join(failures))
+    try:
+        _plot(rows, args.out)
+    except ImportError:
+        print("(matplotlib not installed: no plots)")
+
+
+def _plot(rows, out) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for collective in dict.fromkeys(r["collective"] for r in rows):
+        sel = [r for r in rows if r["collective"] == collective]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for key in dict.fromkeys(k for r in sel for k in r["times_us"]):
+            pts = [(r["bytes"], r["times_us"][key]) for r in sel if key in r["times_us"]]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=key,
+                    linestyle="-" if key.startswith("iris") else "--")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("per-rank input (bytes)")
+        ax.set_ylabel("time (us)")
+        ax.set_title(collective)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"ccl_{collective}.png"), dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

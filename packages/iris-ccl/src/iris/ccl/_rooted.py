@@ -1,0 +1,51 @@
+"""Host helpers of the rooted and point-to-point collectives: ranks named by the caller.
+
+torch.distributed names roots and peers by *global* rank; the kernels index the group's
+members. These helpers validate the caller's rank on every rank before any communication,
+so a bad rank raises the same clear ``ValueError`` everywhere instead of hanging.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import _comm
+
+
+def member_index(rank: object, group, name: str, collective: str) -> int:
+    """Index in ``group`` of global rank ``rank`` (argument ``name`` of ``collective``)."""
+    _comm._check_initialized()
+    ranks = _comm.group_ranks(group)
+    if isinstance(rank, bool):
+        raise TypeError(f"{collective}: {name} must be an int global rank, got {rank!r}")
+    try:
+        rank = operator.index(rank)
+    except TypeError:
+        raise TypeError(f"{collective}: {name} must be an int global rank, got {rank!r}") from None
+    if rank not in ranks:
+        where = "the world" if group is None else "the group"
+        raise ValueError(
+            f"{collective}: {name}={rank} is not a rank of {where}, whose global ranks are {ranks}; "
+            f"pass the global rank (as torch.distributed does) of a member"
+        )
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"{collective}: this process (rank {dist.get_rank()}) is not a member of the group")
+    return ranks.index(rank)
+
+
+def default_device() -> torch.device:
+    """The device of iris.ccl's own heap when no tensor names one: the current GPU unless
+    ``IRIS_BACKEND=cpu`` or no GPU is visible."""
+    if torch.cuda.is_available() and os.environ.get("IRIS_BACKEND", "").strip().lower() != "cpu":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """A flat contiguous version of ``t``: a view when ``t`` is contiguous, else a copy (write
+    results back with ``copy_back(t, flat)``)."""
+    return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)

@@ -1,0 +1,25 @@
+"""Run the iris.ccl examples (``examples/1*.py``) under torchrun; every rank must validate.
+
+From an sdist (no examples folder) the tests skip. On cpu at world sizes 1 and 3, on cuda
+at 1 and 2.
+"""
+
+from pathlib import Path
+
+import pytest
+from ccl_testutils import BACKEND, require_world
+
+from iris.mem.testing import run_example
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = sorted(EXAMPLES_DIR.glob("1[0-9]_*.py")) if EXAMPLES_DIR.is_dir() else []
+
+
+@pytest.mark.skipif(not EXAMPLES, reason=f"no examples found at {EXAMPLES_DIR} (not a source checkout)")
+@pytest.mark.parametrize("world", (1, 2 if BACKEND == "cuda" else 3))
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example(path: Path, world: int) -> None:
+    require_world(world)
+    run_example(path, world)
