@@ -144,7 +144,9 @@ def main() -> int:
     parser.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,all_to_all")
     parser.add_argument("--max-bytes", type=int, default=GiB)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--variants", default="", help="comma-separated iris variants to time (default: all)")
     args = parser.parse_args()
+    args.variants = [v for v in args.variants.split(",") if v]
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dtype = DTYPES[args.dtype]
@@ -160,7 +162,7 @@ def main() -> int:
             n = nbytes // dtype.itemsize
             n -= n % world
             row = {"collective": collective, "bytes": nbytes, "dtype": args.dtype, "times_us": {}}
-            for variant in IRIS_VARIANTS[collective]:
+            for variant in [v for v in IRIS_VARIANTS[collective] if not args.variants or v in args.variants]:
                 problem = _check(collective, variant, bufs, n, world)
                 if problem:
                     failures.append(problem)
@@ -181,11 +183,17 @@ def main() -> int:
                     nbytes,
                     args.reps,
                 )
-            iris_best = min((v, k) for k, v in row["times_us"].items() if k.startswith("iris_"))
+            iris_times = [(v, k) for k, v in row["times_us"].items() if k.startswith("iris_")]
+            if not iris_times:
+                continue
+            iris_best = min(iris_times)
             row["iris_best_us"], row["iris_best"] = iris_best
             total = nbytes * (world if collective == "all_gather" else 1)
             row["busbw_GBps"] = _bus_factor(collective, world) * total / (iris_best[0] * 1e-6) / 1e9
             rows.append(row)
+            if heap.rank == 0:  # progress, so a run cut short still shows what it measured
+                times = ", ".join(f"{k} {v:.1f}" for k, v in row["times_us"].items())
+                print(f"{collective} {_size(nbytes)}: {times} us", flush=True)
     if heap.rank == 0:
         _report(rows, failures, args, world)
     heap.close()

@@ -6,9 +6,35 @@ in place, others are staged through a heap of the collective's own.
 """
 
 from ._version import __version__
+from .all_gather import all_gather
 from .all_reduce import all_reduce
+from .all_to_all import all_to_all
+from .barrier import barrier
+from .broadcast import broadcast
 from .config import VARIANTS, Config
+from .gather import gather
+from .p2p import recv, send
+from .reduce import reduce
 from .reduce_op import ReduceOp
+from .reduce_scatter import reduce_scatter
+from .scatter import scatter
 from .work import Work
 
-__all__ = ["VARIANTS", "Config", "ReduceOp", "Work", "__version__", "all_reduce"]
+__all__ = [
+    "VARIANTS",
+    "Config",
+    "ReduceOp",
+    "Work",
+    "__version__",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "gather",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "send",
+]

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import triton
 
 from . import _comm
-from .config import Config, select
+from .config import Config, check_config, select
 from .reduce_op import ReduceOp, check_dtype, check_op
 from .work import Work
 
@@ -122,19 +123,37 @@ def cdiv(a: int, b: int) -> int:
     return triton.cdiv(a, b)
 
 
+def group_position(group) -> tuple[int, int]:
+    """``(size, index)``: members of ``group`` (None: the world) and this process's place."""
+    _comm._check_initialized()
+    ranks = _comm.group_ranks(group)
+    return len(ranks), ranks.index(dist.get_rank())
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of the contiguous tensors ``a`` and ``b`` overlaps."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 __all__ = [
     "ReduceOp",
     "acc_dtype",
     "acc_fp32",
     "cdiv",
+    "check_config",
     "check_op",
     "check_pair",
     "check_tensor",
     "chunks",
     "finish",
+    "group_position",
     "contiguous_pair",
     "copy_back",
     "launch",
     "max_elements",
+    "overlaps",
     "setup",
 ]

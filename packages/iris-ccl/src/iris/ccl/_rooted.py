@@ -48,4 +48,16 @@ def default_device() -> torch.device:
 def flat(t: torch.Tensor) -> torch.Tensor:
     """A flat contiguous version of ``t``: a view when ``t`` is contiguous, else a copy (write
     results back with ``copy_back(t, flat)``)."""
-    return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)
+    return _flat_view(t) if t.is_contiguous() else t.contiguous().view(-1)
+
+
+def flat_out(t: torch.Tensor) -> torch.Tensor:
+    """A flat contiguous tensor to write ``t``'s result into: a view when ``t`` is
+    contiguous, else scratch (write it back with ``copy_back(t, flat)``)."""
+    return _flat_view(t) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+
+
+def _flat_view(t: torch.Tensor) -> torch.Tensor:
+    # Not view(-1): a contiguous tensor of one element may keep any stride, and kernels (and
+    # views as bytes) need stride 1.
+    return t.as_strided((t.numel(),), (1,))

@@ -61,14 +61,14 @@ def _two_shot_kernel(
 
 @triton.jit
 def _ring_kernel(
-    context, members, flags, epochs, status, budget, src, dst, n,
+    context, members, flags, epochs, status, budget, src, part, dst, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr,
 ):  # fmt: skip
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    tiles.all_reduce_ring(ctx, group, src, dst, pid * GROUP * BLOCK, n, pid, BLOCK, OP, ACC_FP32)
+    tiles.all_reduce_ring(ctx, group, src, part, dst, pid * GROUP * BLOCK, n, pid, BLOCK, OP, ACC_FP32)
 
 
 @triton.jit
@@ -111,6 +111,9 @@ def all_reduce(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers (one extra local copy each way).
     """
+    _host.check_tensor(out, "out")
+    _host.check_tensor(inp, "inp")
+    _host.check_config(config)
     _host.check_pair(out, inp, "all_reduce", inp.numel())
     if out.shape != inp.shape:
         raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")
@@ -118,7 +121,10 @@ def all_reduce(
     _host.check_op(rop, inp.dtype)
     n = inp.numel()
     variant = (config or Config()).variant
-    stage = variant in ("atomic", "spinlock")  # they accumulate in a workspace of their own
+    # atomic and spinlock accumulate in a workspace of their own, and so does ring for
+    # types whose partial sums need a wider type (fp32 for half types).
+    wide = _host.acc_dtype(inp.dtype) != inp.dtype
+    stage = variant in ("atomic", "spinlock") or (variant == "ring" and wide)
     comm, in_place, cfg = _host.setup("all_reduce", [out, inp], group, config, n * inp.element_size(), stage)
     if cfg.variant in ("atomic", "spinlock") and rop not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(
@@ -140,8 +146,11 @@ def all_reduce(
             ksrc = src if in_place else comm.staged_copy("in", src)
             # one_shot writes only locally, so its output may be any tensor.
             kdst = dst if in_place or cfg.variant == "one_shot" else comm.staging_like("out", dst)
+            bufs = (ksrc, kdst)
+            if ring:  # partial sums: kdst itself, or an fp32 buffer for half types
+                bufs = (ksrc, comm.staging_like("acc", dst, dtype=torch.float32) if wide else kdst, kdst)
             _host.launch(
-                _KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length,
+                _KERNELS[cfg.variant], grid, comm, cfg, *bufs, length,
                 OP=rop.value, ACC_FP32=_host.acc_fp32(inp.dtype),
             )  # fmt: skip
             if kdst is not dst:

@@ -31,6 +31,10 @@ class Config:
     chunk_elements: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("block_size", "num_warps", "chunk_elements"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Config.{name} must be an int, got {value!r}")
         if not isinstance(self.variant, str) or not self.variant:
             raise ValueError(f"Config.variant must be a non-empty string, got {self.variant!r}")
         if self.block_size and (self.block_size < 16 or self.block_size & (self.block_size - 1)):
@@ -47,12 +51,19 @@ class Config:
             raise ValueError(f"{collective} has no variant {self.variant!r}; use one of {', '.join(allowed)}")
 
 
+def check_config(config: object) -> None:
+    """A clear TypeError for a ``config`` that is not a :class:`Config` (or None)."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be an iris.ccl.Config or None, got {type(config).__name__}")
+
+
 def select(collective: str, nbytes: int, world_size: int, interpreted: bool, config: Config | None) -> Config:
     """The configuration to run: ``config`` with every "choose" field filled in.
 
     The table below is the best known per size class; on the CPU backend (interpreter)
     larger tiles mean fewer interpreted programs, which is what costs time there.
     """
+    check_config(config)
     config = config or Config()
     config.check_variant(collective)
     variant = config.variant

@@ -62,6 +62,7 @@ def all_reduce_ring(
     ctx,
     group,
     src,
+    part,
     dst,
     base,
     n,
@@ -72,7 +73,9 @@ def all_reduce_ring(
 ):
     """Ring all-reduce of ``group.size`` consecutive tiles of ``BLOCK`` starting at element
     ``base`` (of ``n``): reduce-scatter then all-gather between neighbours, a barrier per
-    step. ``src`` and ``dst`` are on the heap; ``dst`` may be ``src``."""
+    step. Partial sums travel through ``part`` (on the heap, in the accumulation dtype: an
+    fp32 buffer for half types, else ``dst`` itself); ``src`` and ``dst`` are on the heap and
+    ``dst`` may be ``src``."""
     left = group.rank((group.index + group.size - 1) % group.size)
     lanes = tl.arange(0, BLOCK)
     group.sync(ctx, slot)
@@ -82,7 +85,7 @@ def all_reduce_ring(
         if s == 0:
             theirs = ctx.load(src + offs, left, mask=mask, other=0)
         else:
-            theirs = ctx.load(dst + offs, left, mask=mask, other=0)
+            theirs = ctx.load(part + offs, left, mask=mask, other=0)
         mine = tl.load(src + offs, mask=mask, other=0)
         if ACC_FP32:
             partial = combine(theirs.to(tl.float32), mine.to(tl.float32), OP)
@@ -91,7 +94,9 @@ def all_reduce_ring(
         if s == group.size - 2:
             if OP == "avg":
                 partial = partial / group.size
-        tl.store(dst + offs, partial.to(dst.dtype.element_ty), mask=mask)
+            tl.store(dst + offs, partial.to(dst.dtype.element_ty), mask=mask)
+        else:
+            tl.store(part + offs, partial.to(part.dtype.element_ty), mask=mask)
         group.sync(ctx, slot)
     for s in tl.static_range(group.size - 1):
         offs = base + ((group.index + group.size - s) % group.size) * BLOCK + lanes
@@ -154,21 +159,33 @@ def all_gather_push(ctx, group, src, dst, offs, mask, n_per_rank, slot):
 
 
 @triton.jit
-def all_gather_pull(ctx, group, src, dst, offs, mask, n_per_rank, slot):
+def all_gather_pull(ctx, group, src, dst, offs, mask, n_per_rank, slot, src_per_rank=0):
     """Barrier, load the tile ``src[offs]`` (on the heap) of every member ``i`` into the
     local ``dst`` at ``i * n_per_rank + offs`` (``dst`` need not be on the heap), barrier
-    (so no member changes its ``src`` while another still reads it)."""
+    (so no member changes its ``src`` while another still reads it). Member ``i``'s tile is
+    read at ``src + i * src_per_rank``: 0 when every member's input is at the same heap
+    offset; ``n_per_rank`` with ``src`` = ``dst`` for an in-place all-gather on the heap
+    (each member's input is its own chunk of ``dst``)."""
     group.sync(ctx, slot)
     for k in tl.static_range(group.size):
         i = (group.index + k) % group.size
-        x = ctx.load(src + offs, group.rank(i), mask=mask)
+        x = ctx.load(src + tl.cast(i, tl.int64) * src_per_rank + offs, group.rank(i), mask=mask)
         tl.store(dst + tl.cast(i, tl.int64) * n_per_rank + offs, x, mask=mask)
     group.sync(ctx, slot)
 
 
 @triton.jit
 def reduce_scatter_pull(
-    ctx, group, src, dst, offs, mask, n_per_rank, slot, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+    ctx,
+    group,
+    src,
+    dst,
+    offs,
+    mask,
+    n_per_rank,
+    slot,
+    OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True,
 ):
     """Barrier, reduce chunk ``index`` of ``src`` (on the heap, chunks ``n_per_rank``
     apart) over the members with :func:`reduce_tile`, barrier, store the tile into the local
@@ -251,13 +268,11 @@ def all_to_all_pull(ctx, group, src, dst, offs, mask, src_per_rank, dst_per_rank
 
 
 @triton.jit
-def broadcast_pull(ctx, group, src, dst, offs, mask, slot, root):
-    """Broadcast of one tile from member ``root``: barrier, every other member loads
-    ``src[offs]`` from ``root``'s heap into its local ``dst`` (which may be ``src``, and need
-    not be on the heap), barrier (so ``root`` may reuse ``src`` afterwards).
-
-    :param root: group index (not global rank) of the member holding the data.
-    """
+def broadcast_pull(ctx, group, src, dst, offs, mask, root, slot):
+    """Broadcast of one tile from member ``root`` (a group index, not a global rank):
+    barrier, every other member loads ``src[offs]`` from ``root``'s heap into its local
+    ``dst`` (which may be ``src``, and need not be on the heap), barrier (so ``root`` may
+    change ``src`` afterwards). ``root``'s ``dst`` is not touched."""
     group.sync(ctx, slot)
     if group.index != root:
         x = ctx.load(src + offs, group.rank(root), mask=mask)
@@ -267,12 +282,12 @@ def broadcast_pull(ctx, group, src, dst, offs, mask, slot, root):
 
 @triton.jit
 def reduce_pull(
-    ctx, group, src, dst, offs, mask, slot, root, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+    ctx, group, src, dst, offs, mask, root, slot, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
 ):
-    """Reduction of one tile to member ``root``: barrier, ``root`` pulls ``src[offs]`` from
-    every member, reduces (see :func:`reduce_tile`) and stores into its local ``dst`` (which
-    may be ``src``, and need not be on the heap); the others only take part in the barriers,
-    and their ``dst`` is not touched."""
+    """Reduction of one tile to member ``root``: barrier, ``root`` reduces ``src[offs]`` (on
+    the heap) over the members with :func:`reduce_tile` (bitwise the same as the
+    all-reduces) and stores it into its local ``dst`` (which may be ``src``, and need not be
+    on the heap), barrier. The other members' ``dst`` is not touched."""
     group.sync(ctx, slot)
     if group.index == root:
         acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32)
@@ -281,32 +296,30 @@ def reduce_pull(
 
 
 @triton.jit
-def scatter_push(ctx, group, src, dst, offs, mask, slot, root, stride):
-    """Scatter of one tile from member ``root``: barrier, ``root`` stores ``src[i * stride +
-    offs]`` (local, any memory) into member ``i``'s ``dst[offs]`` (on the heap) for every
-    member ``i``, barrier. ``src`` is read on ``root`` only.
-
-    :param stride: elements between consecutive members' chunks in ``src``.
-    """
+def scatter_push(ctx, group, src, dst, offs, mask, n_per_rank, root, slot):
+    """Scatter of one tile from member ``root``: barrier (every member's ``dst`` is free),
+    ``root`` stores chunk ``i`` of its local ``src`` (chunks ``n_per_rank`` apart, any
+    memory) into member ``i``'s ``dst[offs]`` (on the heap) for every member ``i``, barrier.
+    ``src`` is read on ``root`` only."""
     group.sync(ctx, slot)
     if group.index == root:
-        for i in tl.static_range(group.size):
-            x = tl.load(src + i * stride + offs, mask=mask)
+        for k in tl.static_range(group.size):
+            i = (group.index + k) % group.size
+            x = tl.load(src + tl.cast(i, tl.int64) * n_per_rank + offs, mask=mask)
             ctx.store(dst + offs, x, group.rank(i), mask=mask)
     group.sync(ctx, slot)
 
 
 @triton.jit
-def gather_pull(ctx, group, src, dst, offs, mask, slot, root, stride):
+def gather_pull(ctx, group, src, dst, offs, mask, n_per_rank, root, slot):
     """Gather of one tile to member ``root``: barrier, ``root`` loads ``src[offs]`` (on the
-    heap) from every member ``i`` into its local ``dst[i * stride + offs]`` (any memory),
-    barrier. ``dst`` is written on ``root`` only.
-
-    :param stride: elements between consecutive members' chunks in ``dst``.
-    """
+    heap) of every member ``i`` into chunk ``i`` of its local ``dst`` (chunks ``n_per_rank``
+    apart, any memory), barrier (so no member changes ``src`` while ``root`` reads it).
+    ``dst`` is written on ``root`` only."""
     group.sync(ctx, slot)
     if group.index == root:
-        for i in tl.static_range(group.size):
+        for k in tl.static_range(group.size):
+            i = (group.index + k) % group.size
             x = ctx.load(src + offs, group.rank(i), mask=mask)
-            tl.store(dst + i * stride + offs, x, mask=mask)
+            tl.store(dst + tl.cast(i, tl.int64) * n_per_rank + offs, x, mask=mask)
     group.sync(ctx, slot)

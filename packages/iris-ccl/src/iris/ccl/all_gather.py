@@ -1,0 +1,123 @@
+"""``all_gather``: every rank ends with every rank's input, concatenated in group-rank order
+(like ``torch.distributed.all_gather_into_tensor``).
+
+Variants (``Config.variant``):
+
+* ``push``: each rank stores its tile into every member's output at its own chunk
+  (``index * n``), between a start barrier (no member's output is written before that
+  member has entered the collective) and an end barrier (every tile has arrived). Needs
+  the output on the heap; the input is read locally only.
+* ``pull``: after a start barrier (every input is ready) each rank loads the tile of every
+  member's input into its own output; an end barrier keeps the inputs unchanged until
+  every member has read them. Needs the input on the heap; the output is written locally.
+
+Both move ``(G-1)`` tiles per tile per rank. A message larger than one launch covers is
+split into the same sub-range of every rank's chunk per launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _host
+from .config import Config
+from .triton import Group, tiles
+from .work import Work
+
+
+@triton.jit
+def _push_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid)
+
+
+@triton.jit
+def _pull_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, src_per_rank,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.all_gather_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank)
+
+
+_KERNELS = {"push": _push_kernel, "pull": _pull_kernel}
+
+
+def all_gather(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    *,
+    group=None,
+    async_op: bool = False,
+    config: Config | None = None,
+) -> Work | None:
+    """Gather ``inp`` from every rank of ``group`` into ``out`` on every rank.
+
+    :param out: result with ``G * inp.numel()`` elements (G: the group's size), same dtype
+        and device as ``inp``; viewed flat it is the concatenation of every member's
+        flattened ``inp`` in group-rank order (shape ``(G * d0, ...)`` or any other). It may
+        hold ``inp`` as its chunk of this rank (in-place all-gather).
+    :param inp: this rank's contribution; any shape, contiguous or not.
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`Work` handle instead of None.
+    :param config: a :class:`Config` (variants ``push``, ``pull``); None picks by size.
+
+    Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
+    copied through the collective's staging buffers.
+    """
+    _host.check_tensor(out, "out")
+    _host.check_tensor(inp, "inp")
+    size, index = _host.group_position(group)
+    _host.check_pair(out, inp, "all_gather", size * inp.numel())
+    n = inp.numel()
+    itemsize = inp.element_size()
+    src_all, dst_all = _host.contiguous_pair(inp, out)
+    # An input overlapping the output anywhere but at this rank's chunk would be overwritten
+    # while still needed: gather from a copy of it.
+    stage = False
+    aliased = src_all.data_ptr() == dst_all.data_ptr() + index * n * itemsize and n > 0
+    if _host.overlaps(src_all, dst_all) and not aliased:
+        src_all, stage = src_all.clone(), True
+    comm, in_place, cfg = _host.setup("all_gather", [out, inp], group, config, size * n * itemsize, stage)
+    if n == 0:
+        return _host.finish(comm, async_op)
+    if comm.size == 1:
+        dst_all.copy_(src_all)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
+    push = cfg.variant == "push"
+    # Staged, one launch covers `length` elements of every member's chunk in the staging
+    # buffer (push: size * length outputs; pull: length inputs).
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
+    for start, length in _host.chunks(n, per_launch):
+        src = src_all[start : start + length]
+        grid = _host.cdiv(length, cfg.block_size)
+        extra = () if push else (0,)  # pull: where each member's input is (see tiles.all_gather_pull)
+        if in_place:
+            ksrc, kdst, stride = src, dst_all[start:], n
+            if aliased and not push:  # every member's input is its own chunk of its output
+                ksrc, extra = dst_all[start:], (n,)
+        elif push:  # the input is read locally only; members push into the staged output
+            ksrc, stride = src, length
+            kdst = comm.staging("out", comm.size * length * itemsize)[: comm.size * length * itemsize]
+            kdst = kdst.view(inp.dtype)
+        else:  # members pull from the staged input; the output is written locally
+            ksrc, kdst, stride = comm.staged_copy("in", src), dst_all[start:], n
+        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, stride, *extra)
+        if not in_place and push:
+            dst_all.view(comm.size, n)[:, start : start + length].copy_(kdst.view(comm.size, length))
+    _host.copy_back(out, dst_all)
+    return _host.finish(comm, async_op)

@@ -1,0 +1,124 @@
+"""``all_to_all``: chunk ``j`` of every rank's input goes to rank ``j``, which stores the
+chunks in group-rank order (like ``torch.distributed.all_to_all_single`` with equal splits).
+
+Variants (``Config.variant``):
+
+* ``push``: after a start barrier (no member's output is written before that member has
+  entered the collective) each rank stores its chunk ``j`` into member ``j``'s output at
+  chunk ``index``; an end barrier makes every chunk visible. Needs the output on the heap;
+  the input is read locally only.
+* ``pull``: after a start barrier (every input is ready) each rank loads chunk ``index`` of
+  every member ``j``'s input into its own output at chunk ``j``; an end barrier keeps the
+  inputs unchanged until every member has read them. Needs the input on the heap.
+
+An output overlapping the input (``out`` is ``inp``, say) works on a copy of the input. A
+message larger than one launch covers is split into the same sub-range of every chunk per
+launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _host
+from .config import Config
+from .triton import Group, tiles
+from .work import Work
+
+
+@triton.jit
+def _push_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, src_per_rank, dst_per_rank,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.all_to_all_push(ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid)
+
+
+@triton.jit
+def _pull_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, src_per_rank, dst_per_rank,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.all_to_all_pull(ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid)
+
+
+_KERNELS = {"push": _push_kernel, "pull": _pull_kernel}
+
+
+def all_to_all(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    *,
+    group=None,
+    async_op: bool = False,
+    config: Config | None = None,
+) -> Work | None:
+    """Exchange equal chunks of ``inp`` between the ranks of ``group``: chunk ``j`` (viewed
+    flat) goes to rank ``j``, which receives the chunks of every rank in ``out`` in
+    group-rank order.
+
+    :param out: result with as many elements as ``inp``, same dtype and device; any shape.
+        It may be ``inp`` (the exchange then works on a copy of the input).
+    :param inp: this rank's data; its element count must be divisible by the group size;
+        any shape, contiguous or not.
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`Work` handle instead of None.
+    :param config: a :class:`Config` (variants ``push``, ``pull``); None picks by size.
+
+    Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
+    copied through the collective's staging buffers.
+    """
+    _host.check_tensor(out, "out")
+    _host.check_tensor(inp, "inp")
+    size, _ = _host.group_position(group)
+    _host.check_pair(out, inp, "all_to_all", inp.numel())
+    if inp.numel() % size:
+        raise ValueError(
+            f"all_to_all: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group of "
+            f"{size} ranks does not divide into equal chunks; pad inp (and out) to a multiple of {size}"
+        )
+    m = inp.numel() // size
+    itemsize = inp.element_size()
+    src_all, dst_all = _host.contiguous_pair(inp, out)
+    stage = False
+    if _host.overlaps(src_all, dst_all):  # every member reads or writes chunks the others still need
+        src_all, stage = src_all.clone(), True
+    comm, in_place, cfg = _host.setup("all_to_all", [out, inp], group, config, inp.numel() * itemsize, stage)
+    if m == 0:
+        return _host.finish(comm, async_op)
+    if comm.size == 1:
+        dst_all.copy_(src_all)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
+    push = cfg.variant == "push"
+    # Staged, one launch covers `length` elements of every chunk in the staging buffer.
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
+    nbytes_per = comm.size * itemsize
+    for start, length in _host.chunks(m, per_launch):
+        grid = _host.cdiv(length, cfg.block_size)
+        ksrc, kdst, src_stride, dst_stride = src_all[start:], dst_all[start:], m, m
+        if not in_place:
+            name = "out" if push else "in"
+            buf = comm.staging(name, nbytes_per * length)[: nbytes_per * length].view(inp.dtype)
+            if push:  # members push into the staged output; the input is read locally
+                kdst, dst_stride = buf, length
+            else:  # members pull from the staged input; the output is written locally
+                buf.view(comm.size, length).copy_(src_all.view(comm.size, m)[:, start : start + length])
+                ksrc, src_stride = buf, length
+        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, src_stride, dst_stride)
+        if not in_place and push:
+            dst_all.view(comm.size, m)[:, start : start + length].copy_(kdst.view(comm.size, length))
+    _host.copy_back(out, dst_all)
+    return _host.finish(comm, async_op)

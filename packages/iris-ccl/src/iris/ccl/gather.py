@@ -1,0 +1,91 @@
+"""``gather``: rank ``dst`` receives every rank's input, concatenated in group order.
+
+Each program handles one tile of every input: after a start barrier the root pulls the
+tile from every member, and a closing barrier keeps the inputs unchanged until the root
+has read them (:func:`iris.ccl.triton.tiles.gather_pull`). Inputs on a symmetric heap
+spanning exactly the group are read in place; others are staged through the group's
+staging buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _comm, _host, _rooted
+from .config import Config
+from .triton import Group, tiles
+from .work import Work
+
+
+@triton.jit
+def _gather_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, root,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """On member ``root``: ``dst[m * n_per_rank + i] = src_m[i]`` for every member ``m``,
+    ``i < n``."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.gather_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
+
+
+def gather(
+    out: torch.Tensor | None,
+    inp: torch.Tensor,
+    dst: int,
+    *,
+    group=None,
+    async_op: bool = False,
+    config: Config | None = None,
+) -> Work | None:
+    """Write ``inp`` of the ``i``-th rank of ``group`` into chunk ``i`` of ``out`` on rank
+    ``dst`` (chunks in flat element order).
+
+    :param out: on ``dst``, ``group size * inp.numel()`` elements of ``inp``'s dtype (for
+        example ``[group size, *inp.shape]``, like ``torch.distributed.gather``'s list
+        stacked), contiguous or not; ignored, and may be None, on the other ranks.
+    :param inp: this rank's contribution: any shape, contiguous or not, the same number of
+        elements and dtype on every rank.
+    :param dst: global rank of the root (as in ``torch.distributed``), a member of ``group``.
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`Work` handle instead of None.
+    :param config: a :class:`Config`; None picks by size.
+
+    The root's ``out`` is only written locally, so it may be any tensor.
+    """
+    root = _rooted.member_index(dst, group, "dst", "gather")
+    _host.check_tensor(inp, "inp")
+    size = len(_comm.group_ranks(group))
+    is_root = dist.get_rank() == dst
+    if is_root:
+        if out is None:
+            raise ValueError(f"gather: out is None on the destination rank {dst}; pass the output tensor")
+        _host.check_pair(out, inp, "gather", size * inp.numel())
+    m = inp.numel()
+    comm, in_place, cfg = _host.setup("gather", [inp], group, config, size * m * inp.element_size())
+    if m == 0:
+        return _host.finish(comm, async_op)
+    src_all = _rooted.flat(inp)
+    dst_all = _rooted.flat_out(out) if is_root else None
+    if comm.size == 1:
+        dst_all.copy_(src_all)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
+    per_launch = _host.max_elements(cfg, inp.element_size(), not in_place, comm)
+    for start, length in _host.chunks(m, per_launch):
+        src = src_all[start : start + length]
+        ksrc = src if in_place else comm.staged_copy("in", src)
+        # Only the root writes its output: any pointer does elsewhere.
+        kdst = dst_all[start:] if is_root else ksrc
+        grid = _host.cdiv(length, cfg.block_size)
+        _host.launch(_gather_kernel, grid, comm, cfg, ksrc, kdst, length, m, root)
+    if is_root:
+        _host.copy_back(out, dst_all)
+    return _host.finish(comm, async_op)

@@ -1,0 +1,186 @@
+"""``send`` / ``recv``: point to point between two ranks of a group, matched in call order
+per (sender, receiver) pair, as in ``torch.distributed``.
+
+Protocol. Every rank of iris.ccl's own heap for the group holds one mailbox slot per
+sender (``IRIS_CCL_P2P_BYTES``, default 256 KiB) split into tiles of
+``_comm.P2P_TILE_BYTES``, and int32 counters ``[4, group size, tiles]``:
+
+* ``seq[s, t]`` on the receiver: messages sender ``s`` has put in tile ``t`` (written by ``s``);
+* ``ack[r, t]`` on the sender: messages receiver ``r`` has taken from tile ``t`` (written by ``r``);
+* ``sent[r, t]`` / ``received[s, t]``: the local counts of each side.
+
+Program ``t`` of ``send`` waits (acquire) until the receiver has acknowledged the previous
+message in its tile, stores the tile into the receiver's mailbox and publishes the next
+sequence number (release, system scope). Program ``t`` of ``recv`` waits for that number,
+copies the tile out and acknowledges it. A message larger than the slot is sent as several
+launches of one slot each. Counters only grow and live on the device, so nothing is reset
+between calls or CUDA graph replays; every wait is bounded (``IRIS_SPIN_LIMIT``) and
+records a timeout naming the rank and its peer.
+
+A send returns once its last slot-full is in the receiver's mailbox: a message of up to one
+slot does not wait for the matching ``recv`` (only for the previous message to that peer
+to have been received). Both sides must move the same number of bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _comm, _host, _rooted
+from .config import Config, select
+from .triton import record_timeout
+from .work import Work
+
+_SEQ, _ACK, _SENT, _RECEIVED = 0, 1, 2, 3
+
+
+@triton.jit
+def _wait_for(flag, target, budget, status, rank, peer):
+    """Spin (acquire, system scope) until the local int32 ``*flag >= target``, at most
+    ``budget`` times; record a timeout naming ``rank`` and ``peer`` and return False if it
+    never does."""
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    spins = target * 0
+    while (seen < target) & (spins < budget):
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        spins += 1
+    ok = seen >= target
+    if not ok:
+        record_timeout(status, rank, peer, flag)
+    return ok
+
+
+@triton.jit
+def send_tile(ctx, src, box, seq, ack, sent, offs, mask, peer, tile, status, budget):
+    """Send tile ``tile`` of a message: ``src[offs]`` (local, any memory) goes to ``box[offs]``
+    in heap rank ``peer``'s mailbox.
+
+    :param box: this sender's mailbox slot (the same offset on every rank's heap).
+    :param seq: the receiver's ``seq`` row of this sender (int32 per tile, on the heap).
+    :param ack: this rank's ``ack`` row of the receiver (int32 per tile, on the heap).
+    :param sent: this rank's ``sent`` row of the receiver (int32 per tile).
+    """
+    previous = tl.load(sent + tile)
+    # The receiver has taken the previous message out of this tile.
+    if _wait_for(ack + tile, previous, budget, status, ctx.rank, peer):
+        x = tl.load(src + offs, mask=mask)
+        # The mailbox is 16-byte aligned on every heap: keep the remote stores vectorised.
+        ctx.store(box + offs, x, peer, mask=mask, hint=16)
+        tl.debug_barrier()  # every thread's stores happen before the release below
+        ctx.atomic_max(seq + tile, previous + 1, peer, sem="release", scope="sys")
+        tl.store(sent + tile, previous + 1)
+
+
+@triton.jit
+def recv_tile(ctx, dst, box, seq, ack, received, offs, mask, peer, tile, status, budget):
+    """Receive tile ``tile`` of a message from heap rank ``peer``: wait for it in ``box``
+    (this rank's mailbox slot of ``peer``), copy it to ``dst[offs]`` (local, any memory),
+    and acknowledge it.
+
+    :param seq: this rank's ``seq`` row of the sender (int32 per tile, on the heap).
+    :param ack: the sender's ``ack`` row of this receiver (int32 per tile, on the heap).
+    :param received: this rank's ``received`` row of the sender (int32 per tile).
+    """
+    expected = tl.load(received + tile) + 1
+    if _wait_for(seq + tile, expected, budget, status, ctx.rank, peer):
+        tl.debug_barrier()  # every thread reads after the acquire above
+        x = tl.load(box + offs, mask=mask)
+        tl.store(dst + offs, x, mask=mask)
+        tl.debug_barrier()  # every thread's reads happen before the release below
+        ctx.atomic_max(ack + tile, expected, peer, sem="release", scope="sys")
+        tl.store(received + tile, expected)
+
+
+@triton.jit
+def _send_kernel(
+    context, members, flags, epochs, status, budget, src, box, seq, ack, sent, nbytes, peer,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Send ``nbytes`` bytes of ``src`` to heap rank ``peer``, one tile of ``BLOCK`` per program."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    send_tile(ctx, src, box, seq, ack, sent, offs, offs < nbytes, peer, pid, status, budget)
+
+
+@triton.jit
+def _recv_kernel(
+    context, members, flags, epochs, status, budget, dst, box, seq, ack, received, nbytes, peer,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Receive ``nbytes`` bytes from heap rank ``peer`` into ``dst``, one tile per program."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    recv_tile(ctx, dst, box, seq, ack, received, offs, offs < nbytes, peer, pid, status, budget)
+
+
+def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bool, config) -> Work | None:
+    """Host side of send (``kind == "send"``, ``rank`` the receiver) and recv."""
+    name = "dst" if kind == "send" else "src"
+    if rank is None:
+        raise ValueError(f"{kind}: {name}=None (any peer) is not supported; pass the peer's global rank")
+    peer = _rooted.member_index(rank, group, name, kind)
+    _host.check_tensor(tensor, "tensor")
+    if dist.get_rank() == rank:
+        raise ValueError(f"{kind}: {name}={rank} is this rank; a rank cannot {kind} to itself")
+    # Made on first use, collectively: every rank of the group must reach some iris.ccl call.
+    comm = _comm.own(group, tensor.device)
+    cfg = dataclasses.replace(
+        select(kind, tensor.numel() * tensor.element_size(), comm.size, comm.heap.backend == "cpu", config),
+        block_size=_comm.P2P_TILE_BYTES,
+    )
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return _host.finish(comm, async_op)
+    data = _rooted.flat(tensor)
+    raw = data.view(torch.uint8)
+    slot_bytes = _comm.p2p_bytes()
+    counters = comm.p2p_counters.view(4, comm.size, slot_bytes // _comm.P2P_TILE_BYTES)
+    sender, receiver = (comm.index, peer) if kind == "send" else (peer, comm.index)
+    box = comm.p2p_mailbox[sender * slot_bytes : (sender + 1) * slot_bytes]
+    seq, ack = counters[_SEQ, sender], counters[_ACK, receiver]
+    count = counters[_SENT, peer] if kind == "send" else counters[_RECEIVED, peer]
+    kernel = _send_kernel if kind == "send" else _recv_kernel
+    for start, length in _host.chunks(nbytes, slot_bytes):
+        grid = _host.cdiv(length, _comm.P2P_TILE_BYTES)
+        _host.launch(kernel, grid, comm, cfg, raw[start:], box, seq, ack, count, length, comm.members[peer])
+    if kind == "recv":
+        _host.copy_back(tensor, data)
+    return _host.finish(comm, async_op)
+
+
+def send(
+    tensor: torch.Tensor, dst: int, *, group=None, async_op: bool = False, config: Config | None = None
+) -> Work | None:
+    """Send ``tensor`` to global rank ``dst`` of ``group`` (matched with ``dst``'s
+    :func:`recv` from this rank, in call order).
+
+    :param tensor: the message: any shape, dtype and layout; the receiver's tensor must hold
+        the same number of bytes.
+    :param dst: global rank of the receiver (as in ``torch.distributed``), a member of
+        ``group`` other than this rank.
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`Work` handle instead of None.
+    :param config: a :class:`Config`; only ``num_warps`` applies (tiles are fixed).
+
+    Runs on iris.ccl's own heap for ``group``, which the first iris.ccl call on the group
+    makes collectively: every rank of the group must make some iris.ccl call (for example
+    :func:`barrier`) before or at its first send/recv.
+    """
+    return _transfer("send", tensor, dst, group, async_op, config)
+
+
+def recv(
+    tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False, config: Config | None = None
+) -> Work | None:
+    """Receive into ``tensor`` the next message global rank ``src`` of ``group`` sends to
+    this rank. Parameters as for :func:`send`; ``src`` may not be None (no wildcard)."""
+    return _transfer("recv", tensor, src, group, async_op, config)

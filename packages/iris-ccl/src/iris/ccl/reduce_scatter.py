@@ -1,0 +1,136 @@
+"""``reduce_scatter``: rank ``i`` ends with the reduction over the group of every rank's
+chunk ``i`` of the input (like ``torch.distributed.reduce_scatter_tensor``).
+
+Variants (``Config.variant``):
+
+* ``pull``: after a start barrier each rank loads its chunk from every member's input and
+  reduces it; an end barrier keeps the inputs unchanged until every member has read them,
+  then the result is stored locally. Needs the input on the heap.
+* ``push``: after a start barrier (every member's workspace is free) each rank stores its
+  chunk ``j`` into member ``j``'s workspace at the slot of this rank; after a second
+  barrier each rank reduces the slots of its own workspace. Input and output are accessed
+  locally only, so push always runs on iris.ccl's own heap, whose staging buffer is the
+  workspace.
+
+Both reduce in member order (bitwise the same result on every variant), accumulating
+floating types in fp32; AVG divides by the group size. A message larger than one launch
+covers is split into the same sub-range of every chunk per launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _host
+from .config import Config
+from .reduce_op import ReduceOp
+from .triton import Group, tiles
+from .work import Work
+
+
+@triton.jit
+def _pull_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    OP: tl.constexpr, ACC_FP32: tl.constexpr,
+):  # fmt: skip
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.reduce_scatter_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, OP, ACC_FP32)
+
+
+@triton.jit
+def _push_kernel(
+    context, members, flags, epochs, status, budget, src, dst, ws, n, n_per_rank,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    OP: tl.constexpr, ACC_FP32: tl.constexpr,
+):  # fmt: skip
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.reduce_scatter_push(ctx, group, src, dst, ws, offs, offs < n, n_per_rank, n, pid, OP, ACC_FP32)
+
+
+def reduce_scatter(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    *,
+    op: ReduceOp | str = ReduceOp.SUM,
+    group=None,
+    async_op: bool = False,
+    config: Config | None = None,
+) -> Work | None:
+    """Reduce ``inp`` over the ranks of ``group`` and give rank ``i`` chunk ``i`` in ``out``.
+
+    :param out: result with ``inp.numel() / G`` elements (G: the group's size), same dtype
+        and device as ``inp``; any shape. It may be this rank's chunk of ``inp``.
+    :param inp: this rank's contribution, ``G`` equal chunks viewed flat (its element
+        count must be divisible by G); any shape, contiguous or not.
+    :param op: SUM, AVG (floating types), MAX or MIN.
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`Work` handle instead of None.
+    :param config: a :class:`Config` (variants ``push``, ``pull``); None picks by size.
+
+    Tensors on a symmetric heap spanning exactly ``group`` are used in place by ``pull``;
+    others are copied through the collective's staging buffers.
+    """
+    _host.check_tensor(out, "out")
+    _host.check_tensor(inp, "inp")
+    size, index = _host.group_position(group)
+    if inp.numel() % size:
+        raise ValueError(
+            f"reduce_scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group "
+            f"of {size} ranks does not divide into equal chunks; out (shape {list(out.shape)}) must hold "
+            "inp.numel() / group size elements"
+        )
+    _host.check_pair(out, inp, "reduce_scatter", inp.numel() // size)
+    rop = ReduceOp.parse(op)
+    _host.check_op(rop, inp.dtype)
+    m = out.numel()
+    itemsize = inp.element_size()
+    src_all, dst_all = _host.contiguous_pair(inp, out)
+    # An output overlapping the input anywhere but at this rank's chunk would overwrite
+    # input still needed by a later launch: reduce from a copy of the input.
+    stage = False
+    if _host.overlaps(src_all, dst_all) and dst_all.data_ptr() != src_all.data_ptr() + index * m * itemsize:
+        src_all, stage = src_all.clone(), True
+    # push touches only its workspace remotely, which lives on iris.ccl's own heap (so "auto",
+    # which picks push, never spends the caller's heap on it).
+    stage = stage or (config.variant if isinstance(config, Config) else "auto") in ("auto", "push")
+    comm, in_place, cfg = _host.setup(
+        "reduce_scatter", [out, inp], group, config, inp.numel() * itemsize, stage
+    )
+    if m == 0:
+        return _host.finish(comm, async_op)
+    if comm.size == 1:
+        dst_all.copy_(src_all)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
+    meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
+    # Staged, one launch covers `length` elements of every member's chunk in the staging
+    # buffer (pull: size * length inputs; push: size * length workspace slots).
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
+    for start, length in _host.chunks(m, per_launch):
+        grid = _host.cdiv(length, cfg.block_size)
+        dst = dst_all[start : start + length]
+        if cfg.variant == "push":
+            ws = comm.staging("out", comm.size * length * itemsize)[: comm.size * length * itemsize]
+            _host.launch(
+                _push_kernel, grid, comm, cfg, src_all[start:], dst, ws.view(inp.dtype), length, m, **meta
+            )
+        elif in_place:
+            _host.launch(_pull_kernel, grid, comm, cfg, src_all[start:], dst, length, m, **meta)
+        else:
+            nbytes = comm.size * length * itemsize
+            ksrc = comm.staging("in", nbytes)[:nbytes].view(inp.dtype).view(comm.size, length)
+            ksrc.copy_(src_all.view(comm.size, m)[:, start : start + length])
+            _host.launch(_pull_kernel, grid, comm, cfg, ksrc, dst, length, length, **meta)
+    _host.copy_back(out, dst_all)
+    return _host.finish(comm, async_op)

@@ -1,0 +1,98 @@
+"""``scatter``: rank ``src`` splits its input into one chunk per rank; rank ``i`` receives
+chunk ``i``.
+
+Each program handles one tile of every chunk: after a start barrier (every member's
+output is free) the root pushes chunk ``i``'s tile into member ``i``'s output, and a
+closing barrier makes the tiles visible (:func:`iris.ccl.triton.tiles.scatter_push`).
+Outputs on a symmetric heap spanning exactly the group are written in place; others are
+staged through the group's staging buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _comm, _host, _rooted
+from .config import Config
+from .triton import Group, tiles
+from .work import Work
+
+
+@triton.jit
+def _scatter_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, root,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """From member ``root``: ``dst_m[i] = src[m * n_per_rank + i]`` on every member ``m``,
+    for ``i < n``."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tiles.scatter_push(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
+
+
+def scatter(
+    out: torch.Tensor,
+    inp: torch.Tensor | None,
+    src: int,
+    *,
+    group=None,
+    async_op: bool = False,
+    config: Config | None = None,
+) -> Work | None:
+    """Split ``inp`` of rank ``src`` into ``group``'s size equal chunks (in flat element
+    order) and write chunk ``i`` into ``out`` of the ``i``-th rank of ``group``.
+
+    :param out: this rank's chunk: any shape, contiguous or not, the same number of
+        elements and dtype on every rank.
+    :param inp: on ``src``, ``group size * out.numel()`` elements of ``out``'s dtype (for
+        example ``[group size, *out.shape]``, like ``torch.distributed.scatter``'s list
+        stacked); ignored, and may be None, on the other ranks.
+    :param src: global rank of the source (as in ``torch.distributed``), a member of ``group``.
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`Work` handle instead of None.
+    :param config: a :class:`Config`; None picks by size.
+
+    The root's ``inp`` is only read locally, so it may be any tensor.
+    """
+    root = _rooted.member_index(src, group, "src", "scatter")
+    _host.check_tensor(out, "out")
+    size = len(_comm.group_ranks(group))
+    is_root = dist.get_rank() == src
+    if is_root:
+        if inp is None:
+            raise ValueError(f"scatter: inp is None on the source rank {src}; pass the tensor to scatter")
+        _host.check_pair(out, inp, "scatter", out.numel())
+        if inp.numel() != size * out.numel():
+            raise ValueError(
+                f"scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), expected "
+                f"{size} ranks x {out.numel()} elements of out (shape {list(out.shape)})"
+            )
+    m = out.numel()
+    comm, in_place, cfg = _host.setup("scatter", [out], group, config, size * m * out.element_size())
+    if m == 0:
+        return _host.finish(comm, async_op)
+    src_all = _rooted.flat(inp) if is_root else None
+    dst_all = _rooted.flat_out(out)
+    if comm.size == 1:
+        dst_all.copy_(src_all)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
+    per_launch = _host.max_elements(cfg, out.element_size(), not in_place, comm)
+    for start, length in _host.chunks(m, per_launch):
+        dst = dst_all[start : start + length]
+        kdst = dst if in_place else comm.staging_like("out", dst)
+        # Only the root reads its input: any pointer does elsewhere.
+        ksrc = src_all[start:] if is_root else kdst
+        grid = _host.cdiv(length, cfg.block_size)
+        _host.launch(_scatter_kernel, grid, comm, cfg, ksrc, kdst, length, m, root)
+        if kdst is not dst:
+            dst.copy_(kdst)
+    _host.copy_back(out, dst_all)
+    return _host.finish(comm, async_op)

@@ -1,0 +1,401 @@
+"""``iris.ccl.all_to_all`` against ``torch.distributed.all_to_all_single`` (gloo).
+
+Every test starts one real multi-process world and loops over its cases inside the ranks;
+each rank returns its mismatch descriptions (empty when everything matched). Inputs are
+plain tensors (staged through iris.ccl's own heap) and tensors on an iris heap spanning the
+world (used in place), contiguous or not, in every dtype.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+from ccl_testutils import DTYPES, SIZES, device, make_input, mismatch, require_world
+
+from iris.mem.testing import run_world
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+
+VARIANTS = ("push", "pull")
+SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
+WORLD_TIMEOUT = 400.0
+
+
+def _setup_rank() -> None:
+    if device().type == "cuda":
+        torch.cuda.set_device(device())
+
+
+def _dname(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _cfg(variant: str, **kw):
+    import iris.ccl as ccl
+
+    return ccl.Config(variant=variant, **kw)
+
+
+def reference(x: torch.Tensor, out_shape, group=None) -> torch.Tensor:
+    """``all_to_all_single`` of ``x`` flattened over ``group`` with equal splits (gloo on
+    CPU), shaped like the output, on ``x``'s device. Collective: every member calls it."""
+    t = x.detach().cpu().contiguous().reshape(-1)
+    want = torch.empty_like(t)
+    dist.all_to_all_single(want, t, group=group)
+    return want.reshape(out_shape).to(x.device)
+
+
+def _run(world_size: int, fn, *args, env=None):
+    require_world(world_size)
+    return run_world(fn, world_size, *args, timeout=WORLD_TIMEOUT, env=env)
+
+
+def _assert_clean(results, min_cases: int = 0) -> None:
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+    for r, res in enumerate(results):
+        assert res["cases"] >= min_cases, f"rank {r} checked only {res['cases']} cases (< {min_cases})"
+
+
+def _check(bad, out, inp, inp0, what, group=None):
+    """Compare ``out`` with the reference of ``inp0``; ``inp`` must be unchanged."""
+    if (m := mismatch(out, reference(inp0, out.shape, group), what)) is not None:
+        bad.append(m)
+    if inp is not None and not torch.equal(inp, inp0):
+        bad.append(f"{what}: the input was modified")
+
+
+# --------------------------------------------------------------------------- the matrix
+
+
+def _shape(size: int, g: int):
+    """Shape of ``size`` elements per chunk: dim-0 split, or chunks of a 2-d tensor's rows."""
+    if size == 1000:
+        return (g * 10, 100)
+    if size == 4099:
+        return (g, 4099)
+    return (g * size,)
+
+
+def matrix_body(rank, world_size, dtypes):
+    _setup_rank()
+    import iris.ccl as ccl
+
+    bad: list[str] = []
+    cases = 0
+    salt = 0
+    for dtype in dtypes:
+        for variant in VARIANTS:
+            for size in SIZES:
+                salt += 1
+                shape = _shape(size, world_size)
+                x = make_input(shape, dtype, rank, salt)
+                x0 = x.clone()
+                # out of another shape with the same element count for the 2-d cases
+                oshape = (x.numel(),) if len(shape) == 2 else shape
+                out = torch.full(oshape, 77, dtype=dtype, device=device())
+                ret = ccl.all_to_all(out, x, config=_cfg(variant))
+                what = f"world={world_size} {variant} {_dname(dtype)} inp {list(shape)}"
+                if ret is not None:
+                    bad.append(f"{what}: returned {ret!r} with async_op=False")
+                _check(bad, out, x, x0, what)
+                cases += 1
+    return {"bad": bad, "cases": cases}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_all_to_all_matches_torch(world_size):
+    # Every dtype at world size 3 (odd); fp32/bf16/int32 at every world size.
+    dtypes = DTYPES if world_size == 3 else SMALL_DTYPES
+    _assert_clean(_run(world_size, matrix_body, dtypes), min_cases=len(dtypes) * len(VARIANTS) * len(SIZES))
+
+
+# --------------------------------------------------------------------------- layouts, async
+
+
+def layouts_body(rank, world_size):
+    """Non-contiguous inputs and outputs, empty tensors, out is inp, out overlapping inp,
+    "auto", and async_op handles."""
+    _setup_rank()
+    import iris.ccl as ccl
+
+    g, dev = world_size, device()
+    bad: list[str] = []
+    cases = 0
+    salt = 100
+    for dtype in SMALL_DTYPES:
+        for variant in (*VARIANTS, "auto"):
+            salt += 10
+            tag = f"{variant} {_dname(dtype)}"
+            x = make_input((123, g * 5), dtype, rank, salt).t()  # non-contiguous
+            out = torch.full((g * 5, 123), 77, dtype=dtype, device=dev)
+            x0 = x.clone()
+            ccl.all_to_all(out, x, config=_cfg(variant))
+            _check(bad, out, x, x0, f"{tag} transposed inp")
+            # Strided output view: elements outside it keep their sentinel.
+            x = make_input((2 * g * 1001,), dtype, rank, salt + 1)[::2]
+            base = torch.full((2 * g * 1001,), 77, dtype=dtype, device=dev)
+            x0 = x.clone()
+            ccl.all_to_all(base[1::2], x, config=_cfg(variant))
+            _check(bad, base[1::2], x, x0, f"{tag} strided inp and out")
+            if not torch.equal(base[0::2], torch.full_like(base[0::2], 77)):
+                bad.append(f"{tag}: elements outside the output view were written")
+            # out is inp (exchanged through a copy).
+            x = make_input((g * 5, 7), dtype, rank, salt + 3)
+            t = x.clone()
+            ccl.all_to_all(t, t, config=_cfg(variant))
+            _check(bad, t, None, x, f"{tag} out is inp")
+            # out overlapping inp partly.
+            t = make_input((g * 40 + 3,), dtype, rank, salt + 4)
+            x0 = t[: g * 40].clone()
+            ccl.all_to_all(t[3:], t[: g * 40], config=_cfg(variant))
+            _check(bad, t[3:], None, x0, f"{tag} overlapping out")
+            # async_op
+            x = make_input((g * 1000,), dtype, rank, salt + 5)
+            out = torch.empty(g * 1000, dtype=dtype, device=dev)
+            work = ccl.all_to_all(out, x, async_op=True, config=_cfg(variant))
+            if not isinstance(work, ccl.Work) or work.wait() is not True:
+                bad.append(f"{tag} async: got {work!r}, wait() must return True")
+            if device().type == "cuda":
+                torch.cuda.current_stream().synchronize()
+            _check(bad, out, x, x.clone(), f"{tag} async")
+            # Empty tensors: nothing to do, no error, no hang.
+            e = torch.empty(0, 3, dtype=dtype, device=dev)
+            ccl.all_to_all(torch.empty(0, dtype=dtype, device=dev), e, config=_cfg(variant))
+            cases += 5
+    return {"bad": bad, "cases": cases}
+
+
+def test_all_to_all_layouts_in_place_async():
+    _assert_clean(_run(3, layouts_body), min_cases=3 * 3 * 5)
+
+
+# --------------------------------------------------------------------------- heap tensors
+
+
+def heap_body(rank, world_size, dtypes):
+    """Tensors on an iris heap spanning the world (used in place), mixed with plain
+    tensors, out is inp on the heap, and non-contiguous heap views."""
+    _setup_rank()
+    import iris.ccl as ccl
+    import iris.mem
+
+    g = world_size
+    bad: list[str] = []
+    cases = 0
+    salt = 200
+    modes = ("heap->heap", "heap out is inp", "heap->plain", "plain->heap", "heap transposed")
+    with iris.mem.init(1 << 22) as heap:
+        for dtype in dtypes:
+            hin = heap.zeros(g * 4099, dtype=dtype)
+            hout = heap.zeros(g * 4099, dtype=dtype)
+            h2d = heap.zeros(g * 37, 29, dtype=dtype)
+            for variant in VARIANTS:
+                for mode in modes:
+                    salt += 1
+                    n = SIZES[salt % len(SIZES)]
+                    x = make_input((g * n,), dtype, rank, salt)
+                    if mode == "heap transposed":
+                        x = make_input((29, g * 37), dtype, rank, salt)
+                        h2d.t().copy_(x)
+                        inp, out = h2d.t(), hout[: x.numel()].view(29, g * 37)
+                    elif mode == "heap out is inp":
+                        inp = out = hin[: g * n]
+                        inp.copy_(x)
+                    else:
+                        inp = hin[: g * n] if mode != "plain->heap" else x.clone()
+                        inp.copy_(x)
+                        out = torch.full((g * n,), 77, dtype=dtype, device=device())
+                        if mode != "heap->plain":
+                            out = hout[: g * n]
+                            out.fill_(77)
+                    what = f"heap {variant} {_dname(dtype)} n={x.numel()} {mode}"
+                    ccl.all_to_all(out, inp, config=_cfg(variant))
+                    _check(bad, out, None if out is inp else inp, x, what)
+                    cases += 1
+            heap.barrier()
+    return {"bad": bad, "cases": cases}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_to_all_heap_tensors(world_size):
+    dtypes = DTYPES if world_size == 2 else SMALL_DTYPES  # every dtype at 2 ranks
+    _assert_clean(_run(world_size, heap_body, dtypes), min_cases=len(dtypes) * len(VARIANTS) * 5)
+
+
+# --------------------------------------------------------------------------- subgroups, chunking
+
+
+def subgroup_body(rank, world_size):
+    """A group of ranks 0, 2, 3 in a world of 4: plain tensors and tensors on a heap of the
+    group; rank 1 gets a clear error; the world works afterwards."""
+    _setup_rank()
+    import iris.ccl as ccl
+    import iris.mem
+
+    members = [0, 2, 3]
+    group = dist.new_group(members)
+    bad: list[str] = []
+    cases = 0
+    if rank in members:
+        with iris.mem.init(1 << 22, group=group) as heap:
+            hin, hout = heap.zeros(3 * 1000), heap.zeros(3 * 1000)
+            for i, variant in enumerate(VARIANTS):
+                for dtype in SMALL_DTYPES:
+                    x = make_input((3 * 1000,), dtype, rank, 300 + i)
+                    out = torch.empty(3 * 1000, dtype=dtype, device=device())
+                    ccl.all_to_all(out, x, group=group, config=_cfg(variant))
+                    _check(bad, out, x, x.clone(), f"group {variant} {_dname(dtype)}", group)
+                    cases += 1
+                x = make_input((3 * 1000,), torch.float32, rank, 310 + i)
+                hin.copy_(x)
+                ccl.all_to_all(hout, hin, group=group, config=_cfg(variant))
+                _check(bad, hout, hin, x, f"group heap {variant}", group)
+                cases += 1
+    else:
+        try:
+            ccl.all_to_all(torch.empty(24, device=device()), torch.ones(24, device=device()), group=group)
+            bad.append("non-member call with the group did not raise")
+        except ValueError as e:
+            if "not a member" not in str(e):
+                bad.append(f"non-member call raised an unclear ValueError: {e}")
+    for variant in VARIANTS:
+        x = make_input((world_size * 7,), torch.float32, rank, 320)
+        out = torch.empty(world_size * 7, device=device())
+        ccl.all_to_all(out, x, config=_cfg(variant))
+        _check(bad, out, x, x.clone(), f"world after group {variant}")
+    return {"bad": bad, "cases": cases}
+
+
+def test_all_to_all_subgroup():
+    results = _run(4, subgroup_body)
+    _assert_clean([results[1]])
+    _assert_clean([results[r] for r in (0, 2, 3)], min_cases=8)
+
+
+def chunked_body(rank, world_size):
+    """Messages larger than one launch: the staging buffer is small (IRIS_CCL_STAGING_BYTES)
+    and Config.chunk_elements splits heap tensors used in place."""
+    _setup_rank()
+    import iris.ccl as ccl
+    import iris.mem
+
+    g = world_size
+    bad: list[str] = []
+    cases = 0
+    n = 16384 // (2 * g) + 103  # more elements per chunk than one staged launch covers
+    for dtype in SMALL_DTYPES:
+        for variant in VARIANTS:
+            x = make_input((g * n,), dtype, rank, 400 + cases)
+            out = torch.full((g * n,), 77, dtype=dtype, device=device())
+            ccl.all_to_all(out, x, config=_cfg(variant))
+            _check(bad, out, x, x.clone(), f"staged n={n} {variant} {_dname(dtype)}")
+            cases += 1
+    with iris.mem.init(1 << 21) as heap:
+        hin, hout = heap.zeros(g * 3003), heap.zeros(g * 3003)
+        for variant in VARIANTS:
+            x = make_input((g * 3003,), torch.float32, rank, 450 + cases)
+            hin.copy_(x)
+            ccl.all_to_all(hout, hin, config=_cfg(variant, chunk_elements=1041, block_size=256))
+            _check(bad, hout, hin, x, f"heap {variant} chunk_elements=1041")
+            cases += 1
+    return {"bad": bad, "cases": cases}
+
+
+def test_all_to_all_larger_than_one_launch():
+    _assert_clean(_run(3, chunked_body, env={"IRIS_CCL_STAGING_BYTES": "16384"}), min_cases=8)
+
+
+# --------------------------------------------------------------------------- repetition
+
+
+def repeated_body(rank, world_size, calls):
+    """``calls`` calls on the same buffers (plain and heap, alternating variants), with
+    fresh data each time: a stale result or drifting sync state is caught."""
+    _setup_rank()
+    import iris.ccl as ccl
+    import iris.mem
+
+    g = world_size
+    bad: list[str] = []
+    cases = 0
+    with iris.mem.init(1 << 21) as heap:
+        pin, pout = torch.empty(g * 7, device=device()), torch.empty(g * 7, device=device())
+        hin, hout = heap.zeros(g * 7), heap.zeros(g * 7)
+        for i in range(calls):
+            variant = VARIANTS[i % 2]
+            x = make_input((g * 7,), torch.float32, rank, i)
+            pin.copy_(x)
+            hin.copy_(x)
+            ccl.all_to_all(pout, pin, config=_cfg(variant))
+            ccl.all_to_all(hout, hin, config=_cfg(variant))
+            want = reference(x, (g * 7,))
+            for name, got in (("plain", pout), ("heap", hout)):
+                if (m := mismatch(got, want, f"{variant} call {i} {name}")) is not None:
+                    bad.append(m)
+            cases += 1
+    return {"bad": bad, "cases": cases}
+
+
+def test_all_to_all_repeated_calls():
+    _assert_clean(_run(2, repeated_body, 100), min_cases=100)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def bad_input_body(rank, world_size):
+    _setup_rank()
+    import iris.ccl as ccl
+
+    dev = device()
+    other = torch.device("meta") if dev.type == "cpu" else torch.device("cpu")
+    ones = lambda *shape, device=dev, **kw: torch.ones(*shape, device=device, **kw)
+    g = world_size
+    f32 = ones(g * 10)
+    out = ones(g * 10)
+    a2a = ccl.all_to_all
+    cases = [
+        ("out too small", lambda: a2a(ones(g * 10 - 1), f32), ValueError,
+         ["out", f"[{g * 10 - 1}]", f"[{g * 10}]"]),
+        ("not divisible", lambda: a2a(ones(g * 10 + 1), ones(g * 10 + 1)),
+         ValueError, ["inp", str(g * 10 + 1), "divide"]),
+        ("dtypes differ", lambda: a2a(ones(g * 10, dtype=torch.int32), f32), TypeError,
+         ["dtype", "int32", "float32"]),
+        ("devices differ", lambda: a2a(ones(g * 10, device=other), f32), ValueError, ["out", str(other)]),
+        ("out not a tensor", lambda: a2a([1.0] * 10, f32), TypeError, ["out", "Tensor"]),
+        ("inp is None", lambda: a2a(out, None), TypeError, ["inp", "Tensor"]),
+        ("float64", lambda: a2a(out.double(), f32.double()), TypeError, ["float64"]),
+        ("variant of another collective", lambda: a2a(out, f32, config=_cfg("ring")), ValueError,
+         ["ring", "push", "pull"]),
+        ("group not a group", lambda: a2a(out, f32, group="world"), TypeError, ["group"]),
+    ]  # fmt: skip
+    bad: list[str] = []
+    seen = []
+    for name, call, types, needles in cases:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - every outcome is checked below
+            seen.append((name, type(e).__name__, str(e)))
+            if not isinstance(e, types):
+                bad.append(f"{name}: raised {type(e).__name__}: {e}")
+            elif missing := [s for s in needles if s not in str(e)]:
+                bad.append(f"{name}: {type(e).__name__} message lacks {missing}: {e}")
+        else:
+            seen.append((name, None, None))
+            bad.append(f"{name}: no exception")
+    # No rank was left inside a collective: the next valid call works on every rank.
+    for variant in VARIANTS:
+        x = make_input((g * 10,), torch.float32, rank, 3)
+        out = torch.empty(g * 10, device=dev)
+        ccl.all_to_all(out, x, config=_cfg(variant))
+        _check(bad, out, x, x.clone(), f"valid call after bad input, {variant}")
+    return {"bad": bad, "cases": len(seen), "seen": seen}
+
+
+def test_all_to_all_bad_input():
+    results = _run(3, bad_input_body)
+    for r in range(1, len(results)):
+        # Same cases and exception types everywhere (messages may name this rank's device).
+        mine, first = ([s[:2] for s in res["seen"]] for res in (results[r], results[0]))
+        assert mine == first, f"rank {r} saw other errors than rank 0"
+    _assert_clean(results, min_cases=9)

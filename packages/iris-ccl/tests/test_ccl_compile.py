@@ -1,0 +1,323 @@
+"""Every iris.ccl kernel compiles for NVIDIA Hopper (sm_90), without a GPU.
+
+The CPU tier interprets the collectives' kernels and never lowers them. Here a fresh
+Python (``IRIS_BACKEND=cuda``, no ``TRITON_INTERPRET``) imports every module under
+``iris.ccl``, finds every module-level ``@triton.jit`` function whose name ends with
+``_kernel``, builds a signature for it from its parameter names, and compiles it with
+``triton.compile(ASTSource(...))`` for ``GPUTarget("cuda", 90, 32)`` (TTIR -> PTX -> ptxas
+-> cubin) under a few profiles (dtype, group size, op, ...).
+
+Discovery is generic, so collectives added later are compiled too. A parameter name the
+tables below do not know FAILS the test with the kernel and the names (add them to the
+tables); no kernel is ever skipped silently.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import triton
+import triton.language as tl
+
+pytestmark = pytest.mark.timeout(600)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET_ARCH = 90
+
+# --------------------------------------------------------------------------- parameter tables
+
+#: Leading arguments of every collective kernel (Communicator.kernel_args) and other
+#: fixed-type pointers and scalars.
+FIXED = {
+    "context": "*i64",
+    "heap_bases": "*i64",
+    "members": "*i32",
+    "flags": "*i32",
+    "epochs": "*i32",
+    "status": "*i64",
+    "budget": "i32",
+    "locks": "*i32",
+    # point-to-point mailbox (bytes) and its per-tile counters
+    "box": "*u8",
+    "seq": "*i32",
+    "ack": "*i32",
+    "sent": "*i32",
+    "received": "*i32",
+}
+#: Per-kernel types that differ from the tables (send/recv move raw bytes).
+KERNEL_TYPES = {
+    "iris.ccl.p2p._send_kernel": {"src": "*u8"},
+    "iris.ccl.p2p._recv_kernel": {"dst": "*u8"},
+}
+#: Pointers to the collective's data: the profile's dtype.
+DATA_POINTERS = {"src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws"}
+#: Pointers to accumulators: fp32 for floating profiles, else the profile's dtype.
+ACC_POINTERS = {"acc", "part"}
+#: Runtime integer scalars.
+SCALARS = {
+    "n", "numel", "count", "length", "offset", "start", "stride", "root", "peer", "nbytes",
+    "n_per_rank", "src_per_rank", "dst_per_rank",
+}  # fmt: skip
+#: Profiles: the dtype of data pointers and the value of every known constexpr. GROUP is
+#: 2 or 3 (ME < GROUP, RANK < WORLD); roots are valid member indices.
+PROFILES = [
+    {
+        "dtype": "fp32",
+        "RANK": 1, "WORLD": 4, "GROUP": 2, "ME": 1, "BLOCK": 1024, "OP": "sum", "ACC_FP32": True,
+        "LOCKED": False, "ROOT": 1, "SRC": 0, "DST": 1,
+    },
+    {
+        "dtype": "bf16",
+        "RANK": 3, "WORLD": 4, "GROUP": 3, "ME": 2, "BLOCK": 512, "OP": "avg", "ACC_FP32": True,
+        "LOCKED": True, "ROOT": 2, "SRC": 1, "DST": 0,
+    },
+    {
+        "dtype": "fp32",
+        "RANK": 0, "WORLD": 3, "GROUP": 3, "ME": 0, "BLOCK": 256, "OP": "max", "ACC_FP32": True,
+        "LOCKED": True, "ROOT": 0, "SRC": 2, "DST": 2,
+    },
+]  # fmt: skip
+ALIGNED = [["tt.divisibility", 16]]
+
+
+@triton.jit
+def _unmappable_kernel(context, members, mystery_ptr, n, RANK: tl.constexpr, SECRET: tl.constexpr):
+    """Negative control of the parameter tables: two names no table knows."""
+    tl.store(mystery_ptr + n, RANK + SECRET)
+
+
+# --------------------------------------------------------------------------- child side
+
+
+def signature_for(
+    fn, profile: dict, overrides: dict | None = None
+) -> tuple[dict, dict, list[str], list[str]]:
+    """(signature, constexprs, aligned pointer names, unknown parameter names) of ``fn``."""
+    overrides = overrides or {}
+    dtype = profile["dtype"]
+    acc = "fp32" if dtype in ("fp32", "fp16", "bf16") else dtype
+    sig: dict = {}
+    constexprs: dict = {}
+    aligned: list[str] = []
+    unknown: list[str] = []
+    for p in fn.params:
+        name = p.name
+        if p.is_constexpr:
+            sig[name] = "constexpr"
+            if name in profile and name != "dtype":
+                constexprs[name] = profile[name]
+            elif p.has_default:
+                constexprs[name] = p.default
+            else:
+                unknown.append(name)
+        elif name in overrides:
+            sig[name] = overrides[name]
+        elif name in FIXED:
+            sig[name] = FIXED[name]
+        elif name in DATA_POINTERS:
+            sig[name] = "*" + dtype
+        elif name in ACC_POINTERS:
+            sig[name] = "*" + acc
+        elif name in SCALARS:
+            sig[name] = "i32"
+        else:
+            unknown.append(name)
+        if sig.get(name, "").startswith("*"):
+            aligned.append(name)
+    return sig, constexprs, aligned, unknown
+
+
+def discover() -> tuple[list[tuple[str, object]], list[str]]:
+    """(qualified name, JITFunction) of every module-level ``*_kernel`` under iris.ccl, and
+    the modules that failed to import."""
+    import importlib
+    import pkgutil
+    import traceback
+
+    from triton.runtime.jit import JITFunction
+
+    import iris.ccl
+
+    kernels: dict[str, object] = {}
+    errors: list[str] = []
+    names = ["iris.ccl"] + [
+        m.name for m in pkgutil.walk_packages(iris.ccl.__path__, "iris.ccl.", onerror=errors.append)
+    ]
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - reported as a failure
+            errors.append(f"import {name} failed:\n{traceback.format_exc()[-1500:]}")
+            continue
+        for attr, obj in vars(module).items():
+            if isinstance(obj, JITFunction) and attr.endswith("_kernel"):
+                home = getattr(obj, "__module__", None) or getattr(obj.fn, "__module__", name)
+                kernels.setdefault(f"{home}.{obj.fn.__name__}", obj)
+    return sorted(kernels.items()), errors
+
+
+def _compile(fn, sig: dict, constexprs: dict, aligned: list[str]):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+    attrs = {(names.index(a),): ALIGNED for a in aligned}
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32))
+
+
+def _atoms(ptx: str) -> list[str]:
+    return [ln.strip() for ln in ptx.splitlines() if re.search(r"\batom\.", ln)]
+
+
+def _acquires(ptx: str) -> list[str]:
+    """Acquire atomics and loads (Triton lowers ``atomic_add(p, 0, sem="acquire")`` to
+    ``ld.global.sys.acquire``, which is as good)."""
+    return [
+        ln.strip() for ln in ptx.splitlines() if re.search(r"\b(atom|ld)\.global\.", ln) and ".acquire" in ln
+    ]
+
+
+def _check_sys_ordering(ptx: str) -> list[str]:
+    """Problems with the cross-GPU flag accesses of a collective kernel's PTX."""
+    problems = []
+    atoms = _atoms(ptx)
+    if not any(".release" in a and ".sys" in a for a in atoms):
+        problems.append(f"no release atomic at .sys scope: {sorted(set(atoms))[:6]}")
+    if not any(".sys" in a for a in _acquires(ptx)):
+        problems.append(f"no acquire atomic or load at .sys scope: {sorted(set(_acquires(ptx)))[:6]}")
+    return problems
+
+
+def child_main() -> dict:
+    """Entry point of the child: {"skip": reason} or {"failures", "kernels", "control"}."""
+    try:
+        from triton.backends import backends
+
+        if "nvidia" not in backends:
+            return {"skip": "Triton's NVIDIA backend is not installed"}
+        ptxas = triton.knobs.nvidia.ptxas.path
+        subprocess.run([ptxas, "--version"], check=True, capture_output=True, timeout=60)
+    except (ImportError, OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return {"skip": f"ptxas for sm_{TARGET_ARCH} is unavailable: {e}"}
+    from triton.runtime.jit import JITFunction
+
+    failures: list[str] = []
+    if not isinstance(_unmappable_kernel, JITFunction):
+        return {
+            "failures": [f"kernels are not compiled JITFunctions in the child: {type(_unmappable_kernel)}"]
+        }
+    kernels, errors = discover()
+    failures += errors
+    compiled: dict[str, int] = {}
+    for qualname, fn in kernels:
+        unknown_all: set[str] = set()
+        for i, profile in enumerate(PROFILES):
+            sig, constexprs, aligned, unknown = signature_for(fn, profile, KERNEL_TYPES.get(qualname))
+            if unknown:
+                unknown_all.update(unknown)
+                continue
+            what = (
+                f"{qualname} profile {i} ({profile['dtype']}, GROUP={profile['GROUP']}, OP={profile['OP']})"
+            )
+            try:
+                k = _compile(fn, sig, constexprs, aligned)
+            except Exception as e:  # noqa: BLE001 - reported with the kernel
+                failures.append(f"{what}: {type(e).__name__}: {e}"[:3000])
+                continue
+            if not k.asm.get("cubin"):
+                failures.append(f"{what}: no cubin")
+            if qualname.startswith("iris.ccl.all_reduce."):
+                failures += [f"{what}: {p}" for p in _check_sys_ordering(k.asm["ptx"])]
+            compiled[qualname] = compiled.get(qualname, 0) + 1
+        if unknown_all:
+            failures.append(
+                f"{qualname}: parameters {sorted(unknown_all)} are not in test_ccl_compile's tables "
+                "(FIXED, KERNEL_TYPES, DATA_POINTERS, ACC_POINTERS, SCALARS, PROFILES): "
+                "add them so the kernel is compiled"
+            )
+    control = sorted(signature_for(_unmappable_kernel, PROFILES[0])[3])
+    return {
+        "failures": failures,
+        "kernels": [q for q, _ in kernels],
+        "compiled": compiled,
+        "control": control,
+    }
+
+
+# --------------------------------------------------------------------------- pytest side
+
+
+def _run_child(timeout: float = 540) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["IRIS_BACKEND"] = "cuda"
+    env.pop("IRIS_DEBUG", None)
+    with tempfile.TemporaryDirectory(prefix="iris-ccl-compile-") as cache:
+        env["TRITON_CACHE_DIR"] = cache  # compile for real, never from an earlier cache
+        code = (
+            "import json, sys\n"
+            f"sys.path.insert(0, {HERE!r})\n"
+            "import test_ccl_compile as m\n"
+            "print('@@RESULT@@' + json.dumps(m.child_main()))\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=HERE
+        )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@RESULT@@")]
+    assert proc.returncode == 0 and lines, (
+        f"compile child failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    result = json.loads(lines[-1][len("@@RESULT@@") :])
+    if "skip" in result:
+        pytest.skip(result["skip"])
+    return result
+
+
+_RESULT: dict = {}
+
+
+def _result() -> dict:
+    """One child per session: compiling every kernel is the slow part."""
+    if not _RESULT:
+        _RESULT.update(_run_child())
+    return _RESULT
+
+
+def test_every_ccl_kernel_compiles_for_hopper():
+    result = _result()
+    failures = result["failures"]
+    assert failures == [], f"{len(failures)} failures:\n" + "\n\n".join(failures[:30])
+    kernels = result["kernels"]
+    for name in ("_one_shot_kernel", "_two_shot_kernel", "_ring_kernel", "_atomic_kernel"):
+        assert f"iris.ccl.all_reduce.{name}" in kernels, f"{name} was not discovered; found {kernels}"
+    for name in kernels:
+        assert result["compiled"].get(name) == len(PROFILES), (
+            f"{name} compiled {result['compiled'].get(name)} times"
+        )
+
+
+def test_all_reduce_kernels_use_sys_scope_release_acquire():
+    """Checked for every profile inside the child (see _check_sys_ordering); here: the
+    all_reduce kernels were among those checked and none reported a problem."""
+    result = _result()
+    ordering = [f for f in result["failures"] if "scope" in f and "iris.ccl.all_reduce." in f]
+    assert ordering == [], "\n".join(ordering)
+    assert sum(1 for k in result["compiled"] if k.startswith("iris.ccl.all_reduce.")) >= 4
+
+
+def test_unknown_parameters_are_reported():
+    """Negative control: a kernel with names the tables do not know is reported (by name),
+    not skipped, so a new collective's kernel cannot escape this test."""
+    assert _result()["control"] == ["SECRET", "mystery_ptr"]
+
+
+def test_ptx_checks_catch_gpu_scope():
+    """Negative control of the .sys checks: PTX with only gpu-scope/relaxed accesses fails."""
+    ptx = "atom.global.gpu.acq_rel.max.s32 %r1, [%rd1], %r2;\nld.global.gpu.relaxed.b32 %r3, [%rd2];"
+    assert len(_check_sys_ordering(ptx)) == 2
+    ptx = "atom.global.sys.release.max.s32 %r1, [%rd1], %r2;\nld.global.sys.acquire.b32 %r3, [%rd2];"
+    assert _check_sys_ordering(ptx) == []

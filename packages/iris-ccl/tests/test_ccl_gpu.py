@@ -1,0 +1,276 @@
+"""GPU-only tests of iris.ccl (``IRIS_BACKEND=cuda``, at least 2 GPUs; ``pytest -m gpu``).
+
+* CUDA graphs: every collective iris.ccl has when the test runs (all_reduce in every
+  variant; all_gather, reduce_scatter, all_to_all, broadcast, reduce, scatter, gather when
+  present) is warmed up once, captured once in ``torch.cuda.graph``, then replayed three
+  times, each time after filling its inputs in place (same storage) with fresh random data;
+  with tensors on an iris heap (used in place) and with plain tensors (staged).
+* Large messages: a 64 MiB bf16 all_reduce in every variant.
+
+References: every rank's inputs are gathered to the CPU with gloo (``all_gather_object``)
+and reduced in float64 (int64 for integers), so they do not depend on the device.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from ccl_testutils import make_input, mismatch, require_world
+
+from iris.mem.testing import run_world
+
+BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(BACKEND != "cuda", reason="GPU-only test: run with IRIS_BACKEND=cuda"),
+    pytest.mark.skipif(_gpus() < 2, reason=f"needs at least 2 GPUs, found {_gpus()}"),
+]
+
+ROUNDS = 3
+WORLD_TIMEOUT = 900.0
+#: Elements per rank of the graph tests: not a multiple of any block size or world size.
+N = 100_003
+
+
+# --------------------------------------------------------------------------- references
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.dtype.is_floating_point else t.long()
+
+
+def _sum(ts):
+    return torch.stack([_wide(t) for t in ts]).sum(0)
+
+
+def _gather_inputs(inputs) -> list[list[torch.Tensor]]:
+    """Every rank's ``inputs`` (list of tensors), on the CPU, indexed by rank."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, [t.detach().cpu().clone() for t in inputs])
+    return everyone
+
+
+class Case:
+    """One collective call on fixed buffers: ``inputs`` are refilled before each replay,
+    ``call`` runs the collective, ``expect(gathered)`` gives this rank's expected output
+    (or None where the rank's output is unspecified), compared with ``output``."""
+
+    def __init__(self, name, inputs, output, call, expect):
+        self.name, self.inputs, self.output, self.call, self.expect = name, inputs, output, call, expect
+
+
+def _cases(ccl, rank: int, ws: int, alloc, dtype) -> list[Case]:
+    """A Case per collective (and variant) present in ``ccl``. ``alloc(shape, dtype)``
+    makes the buffers (heap or plain). Roots are the last rank (not 0, on purpose)."""
+    cases = []
+    n = N
+    root = ws - 1
+    sl = slice(rank * n, (rank + 1) * n)
+    variants = getattr(ccl, "VARIANTS", {})
+
+    def cfg(variant):
+        return ccl.Config(variant=variant)
+
+    for variant in variants.get("all_reduce", ("auto",)):
+        inp, out = alloc((n,), dtype), alloc((n,), dtype)
+        cases.append(Case(
+            f"all_reduce {variant}", [inp], out,
+            lambda inp=inp, out=out, v=variant: ccl.all_reduce(out, inp, config=cfg(v)),
+            lambda g: _sum([r[0] for r in g]),
+        ))  # fmt: skip
+    if hasattr(ccl, "all_gather"):
+        for variant in variants.get("all_gather", ("auto",)):
+            inp, out = alloc((n,), dtype), alloc((ws * n,), dtype)
+            cases.append(Case(
+                f"all_gather {variant}", [inp], out,
+                lambda inp=inp, out=out, v=variant: ccl.all_gather(out, inp, config=cfg(v)),
+                lambda g: torch.cat([r[0] for r in g]),
+            ))  # fmt: skip
+    if hasattr(ccl, "reduce_scatter"):
+        for variant in variants.get("reduce_scatter", ("auto",)):
+            inp, out = alloc((ws * n,), dtype), alloc((n,), dtype)
+            cases.append(Case(
+                f"reduce_scatter {variant}", [inp], out,
+                lambda inp=inp, out=out, v=variant: ccl.reduce_scatter(out, inp, config=cfg(v)),
+                lambda g: _sum([r[0] for r in g])[sl],
+            ))  # fmt: skip
+    if hasattr(ccl, "all_to_all"):
+        for variant in variants.get("all_to_all", ("auto",)):
+            inp, out = alloc((ws * n,), dtype), alloc((ws * n,), dtype)
+            cases.append(Case(
+                f"all_to_all {variant}", [inp], out,
+                lambda inp=inp, out=out, v=variant: ccl.all_to_all(out, inp, config=cfg(v)),
+                lambda g: torch.cat([r[0][sl] for r in g]),
+            ))  # fmt: skip
+    if hasattr(ccl, "broadcast"):
+        t = alloc((n,), dtype)
+        cases.append(Case(
+            "broadcast", [t], t, lambda t=t: ccl.broadcast(t, root), lambda g: g[root][0],
+        ))  # fmt: skip
+    if hasattr(ccl, "reduce"):
+        inp, out = alloc((n,), dtype), alloc((n,), dtype)
+        cases.append(Case(
+            "reduce", [inp], out, lambda inp=inp, out=out: ccl.reduce(out, inp, root),
+            lambda g: _sum([r[0] for r in g]) if rank == root else None,
+        ))  # fmt: skip
+    if hasattr(ccl, "scatter"):
+        inp, out = alloc((ws * n,), dtype), alloc((n,), dtype)
+        cases.append(Case(
+            "scatter", [inp], out, lambda inp=inp, out=out: ccl.scatter(out, inp, root),
+            lambda g: g[root][0][sl],
+        ))  # fmt: skip
+    if hasattr(ccl, "gather"):
+        inp, out = alloc((n,), dtype), alloc((ws * n,), dtype)
+        cases.append(Case(
+            "gather", [inp], out, lambda inp=inp, out=out: ccl.gather(out, inp, root),
+            lambda g: torch.cat([r[0] for r in g]) if rank == root else None,
+        ))  # fmt: skip
+    return cases
+
+
+def _fill(inputs, rank: int, salt: int) -> None:
+    """Fresh random data into ``inputs``, in place (the graph keeps their storage)."""
+    for i, t in enumerate(inputs):
+        t.copy_(make_input(tuple(t.shape), t.dtype, rank, 7919 * salt + i).to(t.device))
+
+
+def _check(case: Case, rank: int, gathered, what: str) -> str | None:
+    want = case.expect(gathered)
+    if want is None:
+        return None
+    return mismatch(case.output, want.to(case.output.dtype), what)
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+
+def graph_body(rank, world_size, use_heap: bool):
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    import iris.ccl as ccl
+    import iris.mem
+
+    bad: list[str] = []
+    names: list[str] = []
+    heap = iris.mem.init(1 << 30) if use_heap else None
+    try:
+        if heap is not None:
+
+            def alloc(shape, dtype):
+                return heap.zeros(shape, dtype=dtype)
+
+        else:
+
+            def alloc(shape, dtype):
+                return torch.zeros(shape, dtype=dtype, device=dev)
+
+        cases = _cases(ccl, rank, world_size, alloc, torch.float32)
+        cases += [
+            c for c in _cases(ccl, rank, world_size, alloc, torch.bfloat16) if c.name.startswith("all_reduce")
+        ]
+        kind = "heap" if use_heap else "plain"
+        for case in cases:
+            dtype = case.output.dtype
+            what = f"{case.name} {str(dtype).replace('torch.', '')} {kind} world={world_size}"
+            names.append(what)
+            # Warm-up: makes the communicator, staging buffers and compiled kernels.
+            _fill(case.inputs, rank, 0)
+            gathered = _gather_inputs(case.inputs)
+            try:
+                case.call()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - reported, next case
+                bad.append(f"{what}: warm-up call raised {type(e).__name__}: {e}")
+                dist.barrier()
+                continue
+            if (m := _check(case, rank, gathered, what + " warm-up")) is not None:
+                bad.append(m)
+            dist.barrier()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    case.call()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - reported, next case
+                bad.append(f"{what}: capture raised {type(e).__name__}: {e}")
+                torch.cuda.synchronize()
+                dist.barrier()
+                continue
+            dist.barrier()
+            for r in range(1, ROUNDS + 1):
+                _fill(case.inputs, rank, r)
+                torch.cuda.synchronize()
+                gathered = _gather_inputs(case.inputs)
+                graph.replay()
+                torch.cuda.synchronize()
+                if (m := _check(case, rank, gathered, f"{what} replay {r}")) is not None:
+                    bad.append(m)
+                dist.barrier()  # nobody refills inputs a peer may still read
+            del graph
+    finally:
+        if heap is not None:
+            torch.cuda.synchronize()
+            heap.close()
+    return {"bad": bad, "names": names}
+
+
+@pytest.mark.parametrize("use_heap", [True, False], ids=["heap", "plain"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_cuda_graph_capture_and_replay(world_size, use_heap):
+    require_world(world_size)
+    results = run_world(graph_body, world_size, use_heap, timeout=WORLD_TIMEOUT)
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+    names = results[0]["names"]
+    assert sum(1 for n in names if n.startswith("all_reduce")) >= 2 * 6, names
+
+
+# --------------------------------------------------------------------------- large messages
+
+
+def large_body(rank, world_size):
+    """64 MiB of bf16 per rank, every variant, plain (staged in chunks) and on a heap (in
+    place), against gloo's all_reduce of the fp32 upcast on the CPU."""
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    import iris.ccl as ccl
+    import iris.mem
+
+    n = (64 << 20) // 2
+    bad: list[str] = []
+    x = make_input((n,), torch.bfloat16, rank, 1)
+    ref = x.cpu().float()
+    dist.all_reduce(ref)
+    want = ref.to(torch.bfloat16)
+    with iris.mem.init(3 * (64 << 20)) as heap:
+        h = heap.empty(n, dtype=torch.bfloat16)
+        for variant in ccl.VARIANTS["all_reduce"]:
+            cfg = ccl.Config(variant=variant)
+            out = torch.empty_like(x)
+            ccl.all_reduce(out, x, config=cfg)
+            torch.cuda.synchronize()
+            if (m := mismatch(out, want, f"64 MiB bf16 {variant} plain")) is not None:
+                bad.append(m)
+            h.copy_(x)
+            ccl.all_reduce(h, h, config=cfg)
+            torch.cuda.synchronize()
+            if (m := mismatch(h, want, f"64 MiB bf16 {variant} heap in-place")) is not None:
+                bad.append(m)
+            dist.barrier()
+    return {"bad": bad}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_all_reduce_64mib_bf16(world_size):
+    require_world(world_size)
+    results = run_world(large_body, world_size, timeout=WORLD_TIMEOUT)
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
