@@ -1,5 +1,6 @@
 """Shared start-up and reporting of the iris.ccl examples (not an example itself)."""
 
+import atexit
 import os
 import sys
 
@@ -15,6 +16,8 @@ def setup() -> tuple[int, int, torch.device]:
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
+        # Exiting with a live process group can abort the process; tear it down at exit.
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         if "RANK" in os.environ:
             dist.init_process_group("nccl" if on_gpu else "gloo")
         else:  # a world of one without a launcher
