@@ -193,6 +193,14 @@ def build(session: nox.Session) -> None:
         session.run(
             py, "-I", "-c", _IMPORT_CHECK.format(pairs=pairs), external=True, env={"IRIS_BACKEND": "cpu"}
         )
+        example = ROOT / "examples" / "10_all_reduce.py"
+        if "iris-ccl" in PACKAGES and example.exists():
+            # The installed wheels, not the source tree, serve the example (its folder is the
+            # only one of the repository on the ranks' sys.path).
+            session.run(
+                py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(example),
+                external=True, env={"IRIS_BACKEND": "cpu"},
+            )  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
