@@ -5,6 +5,7 @@ torch tensor works; tensors on a symmetric heap spanning the collective's group 
 in place, others are staged through a heap of the collective's own.
 """
 
+from ._comm import check_errors
 from ._version import __version__
 from .all_gather import all_gather
 from .all_reduce import all_reduce
@@ -31,6 +32,7 @@ __all__ = [
     "all_to_all",
     "barrier",
     "broadcast",
+    "check_errors",
     "gather",
     "recv",
     "reduce",

@@ -134,7 +134,8 @@ class Communicator:
             self.status.zero_()
             raise iris.mem.DeviceWaitTimeout(
                 f"rank {rank}: a collective gave up waiting for rank {peer} (flag at {address:#x}) after "
-                "IRIS_SPIN_LIMIT spins; every rank of the group must call the same collectives in the "
+                f"IRIS_SPIN_LIMIT={iris.mem.spin_limit()} spins; every rank of the group must call the same "
+                "collectives in the "
                 "same order with the same sizes"
             )
 
@@ -199,6 +200,19 @@ def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
         heap = iris.mem.init(size, backend=backend, group=group)
         comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=True)
     return comm
+
+
+def check_errors() -> None:
+    """Raise the first wait timeout any collective of this process recorded.
+
+    On the CPU backend collectives raise by themselves; on GPUs kernels only record the
+    timeout, so call this after a synchronisation point (it synchronises the device itself).
+    """
+    for comm in list(_COMMUNICATORS.values()):
+        if not comm.heap.closed:
+            if comm.device.type == "cuda":
+                torch.cuda.synchronize(comm.device)
+            comm.check()
 
 
 def close_all() -> None:

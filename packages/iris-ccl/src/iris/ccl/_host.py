@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import triton
+
+import iris.mem
 
 from . import _comm
 from .config import Config, check_config, select
@@ -62,6 +65,44 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype.is_floating_point else dtype
 
 
+def check_consistent(collective: str, group, **fields: Any) -> None:
+    """In debug mode (``IRIS_DEBUG=1``), compare the arguments of this collective call across
+    the ranks of ``group`` (None: the world) and raise the same ``ValueError`` on every rank
+    when they differ, naming the ranks and the fields. A no-op otherwise.
+
+    ``fields`` are picklable values that every rank must pass identically (shapes, dtypes,
+    op, variant, root...). The exchange is a host collective over torch.distributed, so it
+    also catches ranks that call different collectives at the same point.
+    """
+    if not iris.mem.debug_enabled():
+        return
+    _comm._check_initialized()
+    signature = {"collective": collective, **fields}
+    ranks = _comm.group_ranks(group)
+    gathered: list[Any] = [None] * len(ranks)
+    dist.all_gather_object(gathered, signature, group=group)
+    keys = [repr(sorted(sig.items())) for sig in gathered]
+    if len(set(keys)) == 1:
+        return
+    # The most common signature is the reference (ties: the lowest rank's).
+    common = Counter(keys).most_common(1)[0][0]
+    reference = gathered[keys.index(common)]
+    odd = [r for r, k in zip(ranks, keys) if k != common]
+    agree = [r for r, k in zip(ranks, keys) if k == common]
+    names = list(dict.fromkeys(name for sig in gathered for name in sig))
+    differing = [n for n in names if any(sig.get(n) != reference.get(n) for sig in gathered)]
+    details = "; ".join(
+        f"{name}: " + ", ".join(f"rank {r} {sig.get(name)!r}" for r, sig in zip(ranks, gathered))
+        for name in differing
+    )
+    raise ValueError(
+        f"{reference['collective']} (IRIS_DEBUG): ranks {odd} called it with arguments that differ "
+        f"from ranks {agree} in {', '.join(differing)}: {details}. "
+        "Every rank of the group must call the same collectives in the same order with the same "
+        "shapes, dtypes, op, variant and root"
+    )
+
+
 def setup(
     collective: str,
     tensors: list[torch.Tensor],
@@ -69,9 +110,25 @@ def setup(
     config: Config | None,
     nbytes: int,
     stage: bool = False,
+    *,
+    op: ReduceOp | None = None,
+    root: int | None = None,
 ) -> tuple[_comm.Communicator, bool, Config]:
     """The communicator to run on, whether the tensors are used in place (else they are
-    staged through iris.ccl's own heap), and the resolved config. ``stage`` forces staging."""
+    staged through iris.ccl's own heap), and the resolved config. ``stage`` forces staging.
+
+    ``tensors`` are the tensors every rank passes; with ``op`` (reductions) and ``root``
+    (rooted collectives, a global rank) they make the call's signature, compared across
+    ranks in debug mode (:func:`check_consistent`) before anything collective happens."""
+    check_consistent(
+        collective,
+        group,
+        shapes=[list(t.shape) for t in tensors],
+        dtypes=[str(t.dtype) for t in tensors],
+        op=None if op is None else op.name,
+        variant=config.variant if isinstance(config, Config) else "auto",
+        root=root,
+    )
     comm = None if stage else _comm.in_place(tensors, group)
     in_place = comm is not None
     if comm is None:
@@ -144,6 +201,7 @@ __all__ = [
     "acc_fp32",
     "cdiv",
     "check_config",
+    "check_consistent",
     "check_op",
     "check_pair",
     "check_tensor",

@@ -125,7 +125,9 @@ def all_reduce(
     # types whose partial sums need a wider type (fp32 for half types).
     wide = _host.acc_dtype(inp.dtype) != inp.dtype
     stage = variant in ("atomic", "spinlock") or (variant == "ring" and wide)
-    comm, in_place, cfg = _host.setup("all_reduce", [out, inp], group, config, n * inp.element_size(), stage)
+    comm, in_place, cfg = _host.setup(
+        "all_reduce", [out, inp], group, config, n * inp.element_size(), stage, op=rop
+    )
     if cfg.variant in ("atomic", "spinlock") and rop not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(
             f"all_reduce variant {cfg.variant!r} supports SUM and AVG only; use one_shot, two_shot or ring"

@@ -38,6 +38,7 @@ def barrier(group=None, async_op: bool = False, *, config: Config | None = None)
     ``IRIS_BACKEND=cpu`` or no GPU is visible.
     """
     _comm._check_initialized()
+    _host.check_consistent("barrier", group)
     comm = _comm.own(group, _rooted.default_device())
     if comm.size > 1:
         cfg = select("barrier", 0, comm.size, comm.heap.backend == "cpu", config)

@@ -55,7 +55,9 @@ def broadcast(
     root = _rooted.member_index(src, group, "src", "broadcast")
     _host.check_tensor(tensor, "tensor")
     n = tensor.numel()
-    comm, in_place, cfg = _host.setup("broadcast", [tensor], group, config, n * tensor.element_size())
+    comm, in_place, cfg = _host.setup(
+        "broadcast", [tensor], group, config, n * tensor.element_size(), root=src
+    )
     if n == 0 or comm.size == 1:
         return _host.finish(comm, async_op)
     data = _rooted.flat(tensor)

@@ -69,7 +69,7 @@ def gather(
             raise ValueError(f"gather: out is None on the destination rank {dst}; pass the output tensor")
         _host.check_pair(out, inp, "gather", size * inp.numel())
     m = inp.numel()
-    comm, in_place, cfg = _host.setup("gather", [inp], group, config, size * m * inp.element_size())
+    comm, in_place, cfg = _host.setup("gather", [inp], group, config, size * m * inp.element_size(), root=dst)
     if m == 0:
         return _host.finish(comm, async_op)
     src_all = _rooted.flat(inp)

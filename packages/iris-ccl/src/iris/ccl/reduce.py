@@ -74,7 +74,9 @@ def reduce(
     if is_root and out is None:
         raise ValueError(f"reduce: out is None on the destination rank {dst}; pass the tensor to reduce into")
     n = inp.numel()
-    comm, in_place, cfg = _host.setup("reduce", [inp], group, config, n * inp.element_size())
+    comm, in_place, cfg = _host.setup(
+        "reduce", [inp], group, config, n * inp.element_size(), op=rop, root=dst
+    )
     if n == 0:
         return _host.finish(comm, async_op)
     if is_root:

@@ -105,7 +105,7 @@ def reduce_scatter(
     # which picks push, never spends the caller's heap on it).
     stage = stage or (config.variant if isinstance(config, Config) else "auto") in ("auto", "push")
     comm, in_place, cfg = _host.setup(
-        "reduce_scatter", [out, inp], group, config, inp.numel() * itemsize, stage
+        "reduce_scatter", [out, inp], group, config, inp.numel() * itemsize, stage, op=rop
     )
     if m == 0:
         return _host.finish(comm, async_op)

@@ -75,7 +75,9 @@ def scatter(
                 f"{size} ranks x {out.numel()} elements of out (shape {list(out.shape)})"
             )
     m = out.numel()
-    comm, in_place, cfg = _host.setup("scatter", [out], group, config, size * m * out.element_size())
+    comm, in_place, cfg = _host.setup(
+        "scatter", [out], group, config, size * m * out.element_size(), root=src
+    )
     if m == 0:
         return _host.finish(comm, async_op)
     src_all = _rooted.flat(inp) if is_root else None

@@ -12,6 +12,7 @@ from . import _env
 
 _env.configure_triton()
 
+from ._env import debug as debug_enabled  # noqa: E402
 from ._env import spin_limit  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .errors import DeviceWaitTimeout, HeapMismatchError, HeapPointerError, IrisError  # noqa: E402
@@ -24,6 +25,7 @@ __all__ = [
     "IrisError",
     "SymmetricHeap",
     "__version__",
+    "debug_enabled",
     "heap_of",
     "init",
     "spin_limit",

@@ -12,7 +12,8 @@ Variables
     ``cpu`` or ``cuda``; unset means ``cuda`` when a CUDA device is visible, else ``cpu``.
 ``IRIS_DEBUG``
     ``1`` turns on debug checks: every translated pointer is checked in the kernel to fall
-    inside the target heap, and every rank's allocation sequence is compared on the host.
+    inside the target heap, every rank's allocation sequence is compared on the host, and
+    iris.ccl compares every rank's collective arguments before each launch.
 ``IRIS_SPIN_LIMIT``
     Iteration budget of every device-side wait (default: 2**26 compiled, about a minute of
     polling over NVLink; 2_000_000 in the interpreter, about half a minute there). A wait
@@ -60,7 +61,8 @@ def interpreted() -> bool:
 
 
 def debug() -> bool:
-    """Whether ``IRIS_DEBUG`` asks for debug checks."""
+    """Whether ``IRIS_DEBUG`` asks for debug checks (read at every call; exported as
+    ``iris.mem.debug_enabled``)."""
     return _flag("IRIS_DEBUG")
 
 
