@@ -241,7 +241,8 @@ def _ctx_sig(**extra) -> dict:
 
 
 def _atom_lines(ptx: str) -> list[str]:
-    return [line.strip() for line in ptx.splitlines() if re.search(r"\batom\.", line)]
+    # atom.* returns the old value; newer Triton emits red.* when the result is unused.
+    return [line.strip() for line in ptx.splitlines() if re.search(r"\b(atom|red)\.", line)]
 
 
 def _acquire_lines(ptx: str) -> list[str]:
