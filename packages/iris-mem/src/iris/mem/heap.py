@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -209,7 +210,11 @@ class SymmetricHeap:
         requires_grad: bool,
         out: torch.Tensor | None,
         default_dtype: torch.dtype | None = None,
+        fill: Callable[[torch.Tensor], object] | None = None,
     ) -> torch.Tensor:
+        """Allocate (or validate ``out``), then ``fill`` the tensor in place. A fill that
+        raises (an unsupported dtype, a value out of range) gives the space back, so a failed
+        call leaves the heap as it was on every rank."""
         shape = _parse_size(size)
         if device is not None and torch.device(device) != self.device:
             if not (
@@ -228,7 +233,16 @@ class SymmetricHeap:
                 )
             tensor = out
         else:
+            offset, allocations = self._offset, self._allocations
             tensor = self._allocate(shape, dtype)
+        if fill is not None:
+            try:
+                with torch.no_grad():
+                    fill(tensor)
+            except Exception:
+                if out is None:
+                    self._offset, self._allocations = offset, allocations
+                raise
         if requires_grad:
             tensor.requires_grad_(True)
         return tensor
@@ -272,14 +286,14 @@ class SymmetricHeap:
     ) -> torch.Tensor:
         """Tensor of zeros on the heap, like :func:`torch.zeros`."""
         with torch.no_grad():
-            return self._factory(size, dtype, device, False, out).zero_().requires_grad_(requires_grad)
+            return self._factory(size, dtype, device, requires_grad, out, fill=torch.Tensor.zero_)
 
     def ones(
         self, *size, dtype=None, device=None, requires_grad=False, out=None, **_torch_kwargs
     ) -> torch.Tensor:
         """Tensor of ones on the heap, like :func:`torch.ones`."""
         with torch.no_grad():
-            return self._factory(size, dtype, device, False, out).fill_(1).requires_grad_(requires_grad)
+            return self._factory(size, dtype, device, requires_grad, out, fill=lambda t: t.fill_(1))
 
     def full(
         self, size, fill_value, *, dtype=None, device=None, requires_grad=False, out=None, **_
@@ -288,20 +302,20 @@ class SymmetricHeap:
         if dtype is None:
             dtype = torch.full((), fill_value).dtype
         with torch.no_grad():
-            t = self._factory((size,) if isinstance(size, int) else tuple(size), dtype, device, False, out)
-            return t.fill_(fill_value).requires_grad_(requires_grad)
+            shape = (size,) if isinstance(size, int) else tuple(size)
+            return self._factory(shape, dtype, device, requires_grad, out, fill=lambda t: t.fill_(fill_value))
 
     def rand(self, *size, generator=None, dtype=None, device=None, requires_grad=False, out=None, **_):
         """Uniform random numbers in [0, 1) on the heap, like :func:`torch.rand`."""
         with torch.no_grad():
-            t = self._factory(size, dtype, device, False, out)
-            return t.uniform_(0, 1, generator=generator).requires_grad_(requires_grad)
+            fill = lambda t: t.uniform_(0, 1, generator=generator)  # noqa: E731
+            return self._factory(size, dtype, device, requires_grad, out, fill=fill)
 
     def randn(self, *size, generator=None, dtype=None, device=None, requires_grad=False, out=None, **_):
         """Standard normal random numbers on the heap, like :func:`torch.randn`."""
         with torch.no_grad():
-            t = self._factory(size, dtype, device, False, out)
-            return t.normal_(0, 1, generator=generator).requires_grad_(requires_grad)
+            fill = lambda t: t.normal_(0, 1, generator=generator)  # noqa: E731
+            return self._factory(size, dtype, device, requires_grad, out, fill=fill)
 
     def randint(self, *args, generator=None, dtype=None, device=None, requires_grad=False, out=None, **_):
         """Random integers in [low, high) on the heap: ``randint(high, size)`` or
@@ -315,8 +329,8 @@ class SymmetricHeap:
         if high <= low:
             raise ValueError(f"randint needs low < high, got low={low}, high={high}")
         with torch.no_grad():
-            t = self._factory((tuple(size),), dtype, device, False, out, default_dtype=torch.int64)
-            return t.random_(low, high, generator=generator).requires_grad_(requires_grad)
+            fill = lambda t: t.random_(low, high, generator=generator)  # noqa: E731
+            return self._factory((tuple(size),), dtype, device, requires_grad, out, torch.int64, fill)
 
     def arange(self, start, end=None, step=1, *, dtype=None, device=None, requires_grad=False, out=None, **_):
         """1-D tensor from ``start`` to ``end`` (exclusive) in ``step``, like :func:`torch.arange`."""
@@ -331,10 +345,9 @@ class SymmetricHeap:
         return self._from_values(values, device, requires_grad, out)
 
     def _from_values(self, values: torch.Tensor, device, requires_grad: bool, out) -> torch.Tensor:
-        with torch.no_grad():
-            t = self._factory(tuple(values.shape), values.dtype, device, False, out)
-            t.copy_(values)
-        return t.requires_grad_(requires_grad)
+        return self._factory(
+            tuple(values.shape), values.dtype, device, requires_grad, out, fill=lambda t: t.copy_(values)
+        )
 
     def zeros_like(self, input: torch.Tensor, *, dtype=None, requires_grad=False, **_) -> torch.Tensor:
         """Zeros on the heap with the shape (and dtype) of ``input``."""
