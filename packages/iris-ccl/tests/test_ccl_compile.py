@@ -171,7 +171,8 @@ def _compile(fn, sig: dict, constexprs: dict, aligned: list[str]):
 
 
 def _atoms(ptx: str) -> list[str]:
-    return [ln.strip() for ln in ptx.splitlines() if re.search(r"\batom\.", ln)]
+    # atom.* returns the old value; newer Triton emits red.* when the result is unused.
+    return [ln.strip() for ln in ptx.splitlines() if re.search(r"\b(atom|red)\.", ln)]
 
 
 def _acquires(ptx: str) -> list[str]:
