@@ -67,3 +67,14 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, what: str) -> str | None:
         f"{what}: {int(bad.sum())} of {got.numel()} differ; first {idx}: "
         f"got {g[bad][:5].tolist()} want {w[bad][:5].tolist()}"
     )
+
+
+def setup_rank() -> None:
+    """Make this rank's GPU the current device (a no-op on the CPU backend)."""
+    if device().type == "cuda":
+        torch.cuda.set_device(device())
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``, for case descriptions."""
+    return str(dtype).replace("torch.", "")

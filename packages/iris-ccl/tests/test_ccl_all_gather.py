@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, make_input, mismatch, require_world
+from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
@@ -20,15 +20,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 VARIANTS = ("push", "pull")
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
-
-
-def _setup_rank() -> None:
-    if device().type == "cuda":
-        torch.cuda.set_device(device())
-
-
-def _dname(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _cfg(variant: str, **kw):
@@ -81,7 +72,7 @@ def _shapes(size: int, g: int):
 
 
 def matrix_body(rank, world_size, dtypes):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -96,7 +87,7 @@ def matrix_body(rank, world_size, dtypes):
                 x0 = x.clone()
                 out = torch.full(oshape, 77, dtype=dtype, device=device())
                 ret = ccl.all_gather(out, x, config=_cfg(variant))
-                what = f"world={world_size} {variant} {_dname(dtype)} inp {list(ishape)}"
+                what = f"world={world_size} {variant} {dtype_name(dtype)} inp {list(ishape)}"
                 if ret is not None:
                     bad.append(f"{what}: returned {ret!r} with async_op=False")
                 _check(bad, out, x, x0, what)
@@ -117,7 +108,7 @@ def test_all_gather_matches_torch(world_size):
 def layouts_body(rank, world_size):
     """Non-contiguous inputs and outputs, 0-d and empty tensors, in-place all-gather on a
     plain tensor, "auto", and async_op handles."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     g, dev = world_size, device()
@@ -131,31 +122,31 @@ def layouts_body(rank, world_size):
             out = torch.full((g * 35, 123), 77, dtype=dtype, device=dev)
             x0 = x.clone()
             ccl.all_gather(out, x, config=_cfg(variant))
-            _check(bad, out, x, x0, f"{variant} {_dname(dtype)} transposed inp")
+            _check(bad, out, x, x0, f"{variant} {dtype_name(dtype)} transposed inp")
             # Strided output view: elements outside it keep their sentinel.
             x = make_input((2 * 1001,), dtype, rank, salt + 1)[::2]
             base = torch.full((2 * g * 1001,), 77, dtype=dtype, device=dev)
             x0 = x.clone()
             ccl.all_gather(base[1::2], x, config=_cfg(variant))
-            _check(bad, base[1::2], x, x0, f"{variant} {_dname(dtype)} strided inp and out")
+            _check(bad, base[1::2], x, x0, f"{variant} {dtype_name(dtype)} strided inp and out")
             if not torch.equal(base[0::2], torch.full_like(base[0::2], 77)):
-                bad.append(f"{variant} {_dname(dtype)}: elements outside the output view were written")
+                bad.append(f"{variant} {dtype_name(dtype)}: elements outside the output view were written")
             # 0-d input.
             x = make_input((), dtype, rank, salt + 2)
             out = torch.empty(g, dtype=dtype, device=dev)
             ccl.all_gather(out, x, config=_cfg(variant))
-            _check(bad, out, x, x.clone(), f"{variant} {_dname(dtype)} 0-d")
+            _check(bad, out, x, x.clone(), f"{variant} {dtype_name(dtype)} 0-d")
             # In place on a plain tensor: inp is this rank's chunk of out.
             x = make_input((5, 7), dtype, rank, salt + 3)
             out = torch.full((g * 5, 7), 77, dtype=dtype, device=dev)
             out[rank * 5 : (rank + 1) * 5].copy_(x)
             ccl.all_gather(out, out[rank * 5 : (rank + 1) * 5], config=_cfg(variant))
-            _check(bad, out, None, x, f"{variant} {_dname(dtype)} in place (plain)")
+            _check(bad, out, None, x, f"{variant} {dtype_name(dtype)} in place (plain)")
             # inp overlapping out elsewhere than this rank's chunk: gathered from a copy.
             big = make_input((g * 40,), dtype, rank, salt + 4)
             x0 = big[3:43].clone()
             ccl.all_gather(big, big[3:43], config=_cfg(variant))
-            _check(bad, big, None, x0, f"{variant} {_dname(dtype)} overlapping inp")
+            _check(bad, big, None, x0, f"{variant} {dtype_name(dtype)} overlapping inp")
             # async_op
             x = make_input((1000,), dtype, rank, salt + 5)
             out = torch.empty(g * 1000, dtype=dtype, device=dev)
@@ -164,7 +155,7 @@ def layouts_body(rank, world_size):
                 bad.append(f"{variant} async: got {work!r}, wait() must return True")
             if device().type == "cuda":
                 torch.cuda.current_stream().synchronize()
-            _check(bad, out, x, x.clone(), f"{variant} {_dname(dtype)} async")
+            _check(bad, out, x, x.clone(), f"{variant} {dtype_name(dtype)} async")
             # Empty tensors: nothing to do, no error, no hang.
             e = torch.empty(0, 3, dtype=dtype, device=dev)
             ccl.all_gather(torch.empty(0, 3, dtype=dtype, device=dev), e, config=_cfg(variant))
@@ -182,7 +173,7 @@ def test_all_gather_layouts_in_place_async():
 def heap_body(rank, world_size, dtypes):
     """Tensors on an iris heap spanning the world (used in place), mixed with plain
     tensors, in-place all-gather on the heap, and non-contiguous heap views."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -216,7 +207,7 @@ def heap_body(rank, world_size, dtypes):
                         if mode != "heap->plain":
                             out = hout[: g * n]
                             out.fill_(77)
-                    what = f"heap {variant} {_dname(dtype)} n={x.numel()} {mode}"
+                    what = f"heap {variant} {dtype_name(dtype)} n={x.numel()} {mode}"
                     ccl.all_gather(out, inp, config=_cfg(variant))
                     _check(bad, out, None if mode == "heap in-place" else inp, x, what)
                     cases += 1
@@ -236,7 +227,7 @@ def test_all_gather_heap_tensors(world_size):
 def subgroup_body(rank, world_size):
     """A group of ranks 0, 2, 3 in a world of 4: plain tensors and tensors on a heap of the
     group; rank 1 gets a clear error; the world works afterwards."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -252,7 +243,7 @@ def subgroup_body(rank, world_size):
                     x = make_input((1000,), dtype, rank, 300 + i)
                     out = torch.empty(3 * 1000, dtype=dtype, device=device())
                     ccl.all_gather(out, x, group=group, config=_cfg(variant))
-                    _check(bad, out, x, x.clone(), f"group {variant} {_dname(dtype)}", group)
+                    _check(bad, out, x, x.clone(), f"group {variant} {dtype_name(dtype)}", group)
                     cases += 1
                 x = make_input((1000,), torch.float32, rank, 310 + i)
                 hin.copy_(x)
@@ -283,7 +274,7 @@ def test_all_gather_subgroup():
 def chunked_body(rank, world_size):
     """Messages larger than one launch: the staging buffer is small (IRIS_CCL_STAGING_BYTES)
     and Config.chunk_elements splits heap tensors used in place."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -296,7 +287,7 @@ def chunked_body(rank, world_size):
             x = make_input((n,), dtype, rank, 400 + cases)
             out = torch.full((g * n,), 77, dtype=dtype, device=device())
             ccl.all_gather(out, x, config=_cfg(variant))
-            _check(bad, out, x, x.clone(), f"staged n={n} {variant} {_dname(dtype)}")
+            _check(bad, out, x, x.clone(), f"staged n={n} {variant} {dtype_name(dtype)}")
             cases += 1
     with iris.mem.init(1 << 21) as heap:
         hin, hout = heap.zeros(3003), heap.zeros(g * 3003)
@@ -319,7 +310,7 @@ def test_all_gather_larger_than_one_launch():
 def repeated_body(rank, world_size, calls):
     """``calls`` calls on the same buffers (plain and heap, alternating variants), with
     fresh data each time: a stale result or sync state drifting between calls is caught."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -353,7 +344,7 @@ def test_all_gather_repeated_calls():
 
 
 def bad_input_body(rank, world_size):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     dev = device()

@@ -11,7 +11,7 @@ group size (gloo has no AVG). The same bodies run on GPUs with ``IRIS_BACKEND=cu
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, make_input, mismatch, require_world
+from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
@@ -26,19 +26,10 @@ WORLD_TIMEOUT = 400.0
 # --------------------------------------------------------------------------- helpers (in ranks)
 
 
-def _setup_rank() -> None:
-    if device().type == "cuda":
-        torch.cuda.set_device(device())
-
-
 def _ops(variant: str, dtype: torch.dtype) -> list[str]:
     """The ReduceOps ``variant`` supports for ``dtype`` (AVG only for floats)."""
     ops = ["SUM", "AVG"] if variant in SUM_AVG_ONLY else ["SUM", "AVG", "MAX", "MIN"]
     return [op for op in ops if op != "AVG" or dtype.is_floating_point]
-
-
-def _dname(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def reference(x: torch.Tensor, op: str, group=None, drop_rank: int | None = None) -> torch.Tensor:
@@ -91,7 +82,7 @@ def _sizes(op: str, dtype: torch.dtype, full: tuple, k: int) -> list[int]:
 def matrix_body(rank, world_size, dtypes, full):
     """Every variant x every op it supports x ``dtypes`` x sizes, against gloo; plus the
     negative control (a reference missing one rank's contribution must be caught)."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -108,7 +99,7 @@ def matrix_body(rank, world_size, dtypes, full):
                     x = make_input((size,), dtype, rank, salt)
                     x0 = x.clone()
                     out = torch.full_like(x, 77)
-                    what = f"world={world_size} {variant} {op} {_dname(dtype)} n={size}"
+                    what = f"world={world_size} {variant} {op} {dtype_name(dtype)} n={size}"
                     ret = ccl.all_reduce(out, x, op=getattr(ccl.ReduceOp, op), config=_config(variant))
                     if ret is not None:
                         bad.append(f"{what}: returned {ret!r} with async_op=False")
@@ -126,9 +117,9 @@ def matrix_body(rank, world_size, dtypes, full):
         out = torch.empty_like(x)
         ccl.all_reduce(out, x, config=_config("one_shot"))
         if mismatch(out, reference(x, "SUM"), "control") is not None:
-            bad.append(f"negative control {_dname(dtype)}: the true reference did not match")
+            bad.append(f"negative control {dtype_name(dtype)}: the true reference did not match")
         if mismatch(out, reference(x, "SUM", drop_rank=world_size - 1), "control") is None:
-            bad.append(f"negative control {_dname(dtype)}: a reference missing a rank was not caught")
+            bad.append(f"negative control {dtype_name(dtype)}: a reference missing a rank was not caught")
     # Pulling in member order makes every rank's result bitwise the same (as with NCCL).
     everyone = [None] * world_size
     dist.all_gather_object(everyone, digests)
@@ -197,7 +188,7 @@ def _inplace_cases(dtype, rank, salt):
 def layouts_body(rank, world_size):
     """Every layout case with every variant, the dtype (fp32, bf16, int32) and the op
     rotating between cases; empty tensors with every variant and dtype."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -219,7 +210,7 @@ def layouts_body(rank, world_size):
                 inp = out
             inp0 = inp.clone()
             snapshot = untouched[0].clone() if untouched else None
-            what = f"{variant} {op} {_dname(dtype)} {name} {list(inp.shape)}"
+            what = f"{variant} {op} {dtype_name(dtype)} {name} {list(inp.shape)}"
             # Ops by name for one kind, as torch.distributed's ReduceOp for the other.
             cop = op.lower() if kind == "out" else getattr(dist.ReduceOp, op)
             ccl.all_reduce(out, inp, op=cop, config=_config(variant))
@@ -255,7 +246,7 @@ MODES = ("heap->heap", "heap in-place", "heap->plain", "plain->heap", "heap 2-d 
 def heap_body(rank, world_size):
     """Tensors on an iris heap spanning the world (used in place by the collective), mixed
     with plain tensors, in place on the heap, and non-contiguous heap views."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -287,7 +278,7 @@ def heap_body(rank, world_size):
                             else:
                                 out = hout[:n]
                                 out.fill_(77)
-                        what = f"heap {variant} {op} {_dname(dtype)} n={x.numel()} {mode}"
+                        what = f"heap {variant} {op} {dtype_name(dtype)} n={x.numel()} {mode}"
                         ccl.all_reduce(out, inp, op=op, config=_config(variant))
                         if (m := mismatch(out, reference(x, op), what)) is not None:
                             bad.append(m)
@@ -311,7 +302,7 @@ def subgroup_body(rank, world_size):
     """A group of ranks 0, 2, 3 in a world of 4 (created on every rank); rank 1 skips the
     calls. Plain tensors (staged through iris.ccl's heap for the group) and tensors on a
     heap made for the group (used in place); the world still works afterwards."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -332,7 +323,7 @@ def subgroup_body(rank, world_size):
                     n = SIZES[salt % len(SIZES)]
                     x = make_input((n,), dtype, rank, salt)
                     out = torch.full_like(x, 77)
-                    what = f"group {members} {variant} {op} {_dname(dtype)} n={n}"
+                    what = f"group {members} {variant} {op} {dtype_name(dtype)} n={n}"
                     ccl.all_reduce(out, x, op=op, group=group, config=_config(variant))
                     if (m := mismatch(out, reference(x, op, group=group), what)) is not None:
                         bad.append(m)
@@ -381,7 +372,7 @@ def repeated_body(rank, world_size, calls):
     """``calls`` calls per variant, alternating between one pair of plain buffers (staged)
     and one heap buffer (in place), with fresh data each time, so a stale result or a sync
     slot that drifts between calls is caught."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -414,7 +405,7 @@ def test_all_reduce_repeated_calls():
 
 
 def async_body(rank, world_size):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -424,7 +415,7 @@ def async_body(rank, world_size):
             x = make_input((4099,), dtype, rank, cases)
             out = torch.empty_like(x)
             work = ccl.all_reduce(out, x, op="avg", async_op=True, config=_config(variant))
-            what = f"async {variant} {_dname(dtype)}"
+            what = f"async {variant} {dtype_name(dtype)}"
             if not isinstance(work, ccl.Work):
                 bad.append(f"{what}: returned {work!r}, not a Work")
                 continue
@@ -455,7 +446,7 @@ STAGING = 16384
 def chunked_body(rank, world_size):
     """Messages larger than the staging buffer (IRIS_CCL_STAGING_BYTES is small) and
     Config.chunk_elements splitting on heap tensors: every launch boundary must be right."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.ccl._comm as comm
     import iris.mem
@@ -473,7 +464,7 @@ def chunked_body(rank, world_size):
             x = make_input((n,), dtype, rank, cases)
             out = torch.full_like(x, 77)
             ccl.all_reduce(out, x, op=op, config=_config(variant))
-            what = f"staged n={n} {variant} {op} {_dname(dtype)}"
+            what = f"staged n={n} {variant} {op} {dtype_name(dtype)}"
             if (m := mismatch(out, reference(x, op), what)) is not None:
                 bad.append(m)
             cases += 1
@@ -581,7 +572,7 @@ def _bad_cases(rank):
 
 
 def bad_input_body(rank, world_size):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []

@@ -9,7 +9,7 @@ world (used in place), contiguous or not, in every dtype.
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, make_input, mismatch, require_world
+from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
@@ -18,15 +18,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 VARIANTS = ("push", "pull")
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
-
-
-def _setup_rank() -> None:
-    if device().type == "cuda":
-        torch.cuda.set_device(device())
-
-
-def _dname(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _cfg(variant: str, **kw):
@@ -77,7 +68,7 @@ def _shape(size: int, g: int):
 
 
 def matrix_body(rank, world_size, dtypes):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -94,7 +85,7 @@ def matrix_body(rank, world_size, dtypes):
                 oshape = (x.numel(),) if len(shape) == 2 else shape
                 out = torch.full(oshape, 77, dtype=dtype, device=device())
                 ret = ccl.all_to_all(out, x, config=_cfg(variant))
-                what = f"world={world_size} {variant} {_dname(dtype)} inp {list(shape)}"
+                what = f"world={world_size} {variant} {dtype_name(dtype)} inp {list(shape)}"
                 if ret is not None:
                     bad.append(f"{what}: returned {ret!r} with async_op=False")
                 _check(bad, out, x, x0, what)
@@ -115,7 +106,7 @@ def test_all_to_all_matches_torch(world_size):
 def layouts_body(rank, world_size):
     """Non-contiguous inputs and outputs, empty tensors, out is inp, out overlapping inp,
     "auto", and async_op handles."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     g, dev = world_size, device()
@@ -125,7 +116,7 @@ def layouts_body(rank, world_size):
     for dtype in SMALL_DTYPES:
         for variant in (*VARIANTS, "auto"):
             salt += 10
-            tag = f"{variant} {_dname(dtype)}"
+            tag = f"{variant} {dtype_name(dtype)}"
             x = make_input((123, g * 5), dtype, rank, salt).t()  # non-contiguous
             out = torch.full((g * 5, 123), 77, dtype=dtype, device=dev)
             x0 = x.clone()
@@ -175,7 +166,7 @@ def test_all_to_all_layouts_in_place_async():
 def heap_body(rank, world_size, dtypes):
     """Tensors on an iris heap spanning the world (used in place), mixed with plain
     tensors, out is inp on the heap, and non-contiguous heap views."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -208,7 +199,7 @@ def heap_body(rank, world_size, dtypes):
                         if mode != "heap->plain":
                             out = hout[: g * n]
                             out.fill_(77)
-                    what = f"heap {variant} {_dname(dtype)} n={x.numel()} {mode}"
+                    what = f"heap {variant} {dtype_name(dtype)} n={x.numel()} {mode}"
                     ccl.all_to_all(out, inp, config=_cfg(variant))
                     _check(bad, out, None if out is inp else inp, x, what)
                     cases += 1
@@ -228,7 +219,7 @@ def test_all_to_all_heap_tensors(world_size):
 def subgroup_body(rank, world_size):
     """A group of ranks 0, 2, 3 in a world of 4: plain tensors and tensors on a heap of the
     group; rank 1 gets a clear error; the world works afterwards."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -244,7 +235,7 @@ def subgroup_body(rank, world_size):
                     x = make_input((3 * 1000,), dtype, rank, 300 + i)
                     out = torch.empty(3 * 1000, dtype=dtype, device=device())
                     ccl.all_to_all(out, x, group=group, config=_cfg(variant))
-                    _check(bad, out, x, x.clone(), f"group {variant} {_dname(dtype)}", group)
+                    _check(bad, out, x, x.clone(), f"group {variant} {dtype_name(dtype)}", group)
                     cases += 1
                 x = make_input((3 * 1000,), torch.float32, rank, 310 + i)
                 hin.copy_(x)
@@ -275,7 +266,7 @@ def test_all_to_all_subgroup():
 def chunked_body(rank, world_size):
     """Messages larger than one launch: the staging buffer is small (IRIS_CCL_STAGING_BYTES)
     and Config.chunk_elements splits heap tensors used in place."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -288,7 +279,7 @@ def chunked_body(rank, world_size):
             x = make_input((g * n,), dtype, rank, 400 + cases)
             out = torch.full((g * n,), 77, dtype=dtype, device=device())
             ccl.all_to_all(out, x, config=_cfg(variant))
-            _check(bad, out, x, x.clone(), f"staged n={n} {variant} {_dname(dtype)}")
+            _check(bad, out, x, x.clone(), f"staged n={n} {variant} {dtype_name(dtype)}")
             cases += 1
     with iris.mem.init(1 << 21) as heap:
         hin, hout = heap.zeros(g * 3003), heap.zeros(g * 3003)
@@ -311,7 +302,7 @@ def test_all_to_all_larger_than_one_launch():
 def repeated_body(rank, world_size, calls):
     """``calls`` calls on the same buffers (plain and heap, alternating variants), with
     fresh data each time: a stale result or drifting sync state is caught."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -344,7 +335,7 @@ def test_all_to_all_repeated_calls():
 
 
 def bad_input_body(rank, world_size):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     dev = device()

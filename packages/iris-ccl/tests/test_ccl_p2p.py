@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, make_input, mismatch, require_world
+from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
@@ -25,15 +25,6 @@ MODES = ("plain", "heap", "strided")
 
 
 # --------------------------------------------------------------------------- helpers (in ranks)
-
-
-def _setup_rank() -> None:
-    if device().type == "cuda":
-        torch.cuda.set_device(device())
-
-
-def _dname(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _wire(x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +71,7 @@ def ring_body(rank, world_size, members, sizes):
     """Every member sends to its right neighbour, then receives from its left one (messages
     of up to one mailbox slot do not wait for the receiver), over ``sizes`` with dtypes and
     layouts cycling; compared with gloo's isend/irecv of the same data."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -103,7 +94,7 @@ def ring_body(rank, world_size, members, sizes):
         out = _layout(torch.full_like(x, 77), MODES[(i + 1) % len(MODES)], heap)
         ccl.send(src, right, group=group)
         ccl.recv(out, left, group=group)
-        what = f"ring group={ranks} {_dname(dtype)} n={n} {mode}"
+        what = f"ring group={ranks} {dtype_name(dtype)} n={n} {mode}"
         if (m := mismatch(out, want, what)) is not None:
             bad.append(m)
         if not torch.equal(src.cpu(), x.cpu()):
@@ -136,7 +127,7 @@ QUEUE = [
 def ordering_body(rank, world_size):
     """Several messages between one pair are received in the order sent, even when the
     receiver starts late; the other direction and other pairs run at the same time."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -177,7 +168,7 @@ def large_body(rank, world_size):
     """Messages larger than the mailbox slot (IRIS_CCL_P2P_BYTES=16 KiB here) go in several
     rounds; even ranks send first and odd ranks receive first, so a ring of large messages
     cannot deadlock (send-before-recv on every rank would, as with blocking sends in MPI)."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -194,7 +185,7 @@ def large_body(rank, world_size):
             ccl.send(x, right)
         want = make_input((n,), dtype, left, salt)
         if (
-            m := mismatch(out, want, f"large {_dname(dtype)} n={n} ({n * x.element_size()} bytes)")
+            m := mismatch(out, want, f"large {dtype_name(dtype)} n={n} ({n * x.element_size()} bytes)")
         ) is not None:
             bad.append(m)
         cases += 1
@@ -208,7 +199,7 @@ def test_send_recv_larger_than_mailbox():
 def timeout_body(rank, world_size):
     """A recv with no matching send, and a send whose previous message was never received,
     give up with DeviceWaitTimeout naming both ranks; afterwards the pair still works."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -258,7 +249,7 @@ def _expect(bad: list, exc, words, fn, *args, **kwargs) -> None:
 
 
 def bad_input_body(rank, world_size):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -290,7 +281,7 @@ def test_send_recv_bad_input(world_size):
 def barrier_body(rank, world_size, members):
     """Repeated barriers (sync and async); the barrier really waits: a late rank holds
     every other member back; members of a subgroup only wait for each other."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, make_input, mismatch, require_world
+from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
@@ -21,15 +21,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 VARIANTS = ("push", "pull")
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
-
-
-def _setup_rank() -> None:
-    if device().type == "cuda":
-        torch.cuda.set_device(device())
-
-
-def _dname(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _cfg(variant: str, **kw):
@@ -93,7 +84,7 @@ def _shapes(size: int, g: int):
 def matrix_body(rank, world_size, dtypes):
     """Every variant x ``dtypes`` x SIZES, the ops rotating over the sizes so that every
     (dtype, variant) sees every op."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -110,7 +101,7 @@ def matrix_body(rank, world_size, dtypes):
                 x0 = x.clone()
                 out = torch.full(oshape, 77, dtype=dtype, device=device())
                 ret = ccl.reduce_scatter(out, x, op=getattr(ccl.ReduceOp, op), config=_cfg(variant))
-                what = f"world={world_size} {variant} {op} {_dname(dtype)} inp {list(ishape)}"
+                what = f"world={world_size} {variant} {op} {dtype_name(dtype)} inp {list(ishape)}"
                 if ret is not None:
                     bad.append(f"{what}: returned {ret!r} with async_op=False")
                 _check(bad, out, x, x0, op, what)
@@ -131,7 +122,7 @@ def test_reduce_scatter_matches_torch(world_size):
 def layouts_body(rank, world_size):
     """Non-contiguous inputs and outputs, 0-d and empty outputs, in-place reduce-scatter on
     a plain tensor, an output overlapping the input elsewhere, "auto", async_op handles."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     g, dev = world_size, device()
@@ -143,7 +134,7 @@ def layouts_body(rank, world_size):
         for v, variant in enumerate((*VARIANTS, "auto")):
             salt += 10
             op = ops[v % len(ops)]
-            tag = f"{variant} {op} {_dname(dtype)}"
+            tag = f"{variant} {op} {dtype_name(dtype)}"
             x = make_input((123, g * 5), dtype, rank, salt).t()  # non-contiguous
             out = torch.full((5, 123), 77, dtype=dtype, device=dev)
             x0 = x.clone()
@@ -198,7 +189,7 @@ def test_reduce_scatter_layouts_in_place_async():
 def heap_body(rank, world_size, dtypes):
     """Tensors on an iris heap spanning the world (used in place by pull), mixed with plain
     tensors, in-place reduce-scatter on the heap, and non-contiguous heap views."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -234,7 +225,7 @@ def heap_body(rank, world_size, dtypes):
                         if mode != "heap->plain":
                             out = hout[:n]
                             out.fill_(77)
-                    what = f"heap {variant} {op} {_dname(dtype)} n={x.numel()} {mode}"
+                    what = f"heap {variant} {op} {dtype_name(dtype)} n={x.numel()} {mode}"
                     ccl.reduce_scatter(out, inp, op=op, config=_cfg(variant))
                     _check(bad, out, None if mode == "heap in-place" else inp, x, op, what)
                     cases += 1
@@ -254,7 +245,7 @@ def test_reduce_scatter_heap_tensors(world_size):
 def subgroup_body(rank, world_size):
     """A group of ranks 0, 2, 3 in a world of 4: plain tensors and tensors on a heap of the
     group; rank 1 gets a clear error; the world works afterwards."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -271,7 +262,7 @@ def subgroup_body(rank, world_size):
                     x = make_input((3 * 1000,), dtype, rank, 300 + i)
                     out = torch.empty(1000, dtype=dtype, device=device())
                     ccl.reduce_scatter(out, x, op=op, group=group, config=_cfg(variant))
-                    _check(bad, out, x, x.clone(), op, f"group {variant} {op} {_dname(dtype)}", group)
+                    _check(bad, out, x, x.clone(), op, f"group {variant} {op} {dtype_name(dtype)}", group)
                     cases += 1
                 x = make_input((3 * 1000,), torch.float32, rank, 310 + i)
                 hin.copy_(x)
@@ -303,7 +294,7 @@ def chunked_body(rank, world_size):
     """Messages larger than one launch: the staging buffer (pull's staged input, push's
     workspace) is small (IRIS_CCL_STAGING_BYTES) and Config.chunk_elements splits heap
     tensors used in place."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -317,7 +308,7 @@ def chunked_body(rank, world_size):
             x = make_input((g * n,), dtype, rank, 400 + cases)
             out = torch.full((n,), 77, dtype=dtype, device=device())
             ccl.reduce_scatter(out, x, op=op, config=_cfg(variant))
-            _check(bad, out, x, x.clone(), op, f"staged n={n} {variant} {op} {_dname(dtype)}")
+            _check(bad, out, x, x.clone(), op, f"staged n={n} {variant} {op} {dtype_name(dtype)}")
             cases += 1
     with iris.mem.init(1 << 21) as heap:
         hin, hout = heap.zeros(g * 3003), heap.zeros(3003)
@@ -340,7 +331,7 @@ def test_reduce_scatter_larger_than_one_launch():
 def repeated_body(rank, world_size, calls):
     """``calls`` calls on the same buffers (plain and heap in place, alternating variants),
     with fresh data each time: a stale result or drifting sync state is caught."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -374,7 +365,7 @@ def test_reduce_scatter_repeated_calls():
 
 
 def bad_input_body(rank, world_size):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     dev = device()

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, make_input, mismatch, require_world
+from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
@@ -28,15 +28,6 @@ ARENA_BYTES = 4 << 20
 
 
 # --------------------------------------------------------------------------- helpers (in ranks)
-
-
-def _setup_rank() -> None:
-    if device().type == "cuda":
-        torch.cuda.set_device(device())
-
-
-def _dname(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _wire(x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +115,7 @@ def matrix_body(rank, world_size, members, dtypes, sizes):
     ``dtypes`` at least once), layouts, ops and configs cycling (interpreted kernels are
     slow: a product of everything would take minutes); ``members`` (global ranks) makes a
     subgroup, created on every rank."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
     import iris.mem
 
@@ -146,7 +137,9 @@ def matrix_body(rank, world_size, members, dtypes, sizes):
             config = _configs()[salt % 2]
             ops = [op for op in OPS if op != "AVG" or dtype.is_floating_point]
             op = ops[salt % len(ops)]
-            what = f"world={world_size} group={ranks} root={root} {_dname(dtype)} n={n} {mode} cfg={config}"
+            what = (
+                f"world={world_size} group={ranks} root={root} {dtype_name(dtype)} n={n} {mode} cfg={config}"
+            )
 
             # broadcast (in place)
             x = make_input((n,), dtype, rank, salt)
@@ -240,7 +233,7 @@ def test_rooted_subgroup_of_uneven_ranks():
 def shapes_body(rank, world_size):
     """Multi-dimensional, 0-d and transposed tensors; out that is inp (reduce); chunks in
     flat element order (scatter/gather on a [size, *shape] tensor)."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -252,7 +245,7 @@ def shapes_body(rank, world_size):
             x = make_input(shape[::-1], dtype, rank, i).t()
         want = ref_broadcast(x, world_size - 1, None)
         ccl.broadcast(x, world_size - 1)
-        if (m := mismatch(x, want, f"broadcast {shape} {_dname(dtype)}")) is not None:
+        if (m := mismatch(x, want, f"broadcast {shape} {dtype_name(dtype)}")) is not None:
             bad.append(m)
         x = make_input(shape, dtype, rank, i + 10)
         want = ref_reduce(x, 0, "MAX", None)
@@ -291,7 +284,7 @@ def _inputs_of_all(shape, dtype, world_size, salt):
 def repeat_body(rank, world_size, calls):
     """``calls`` small collectives in a row, rotating collective and root; references
     computed locally from every rank's (deterministic) inputs."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -326,7 +319,7 @@ def test_rooted_100_calls():
 
 
 def async_body(rank, world_size):
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
@@ -381,7 +374,7 @@ def _expect(bad: list, exc, words, fn, *args, **kwargs) -> None:
 
 def bad_input_body(rank, world_size):
     """Clear exceptions before any communication, then a valid collective still works."""
-    _setup_rank()
+    setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
