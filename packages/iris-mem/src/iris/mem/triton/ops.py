@@ -71,9 +71,13 @@ def _check_in_heap(offset, from_rank, to_rank, heap_bases, mask):
     bad = offset >= heap_size  # unsigned: a pointer below the base wraps to a huge offset
     if mask is not None:
         bad = bad & mask
-    bad_lanes = tl.ravel(bad.to(tl.int32) + tl.zeros([1], dtype=tl.int32))
-    if tl.sum(bad_lanes, axis=0) > 0:
-        worst = tl.max(tl.ravel(tl.where(bad, offset, 0) + tl.zeros([1], dtype=tl.uint64)), axis=0)
+    # Only elementwise ops and a full reduction, no new blocks: Gluon kernels (explicit
+    # layouts) compile this check too. A bad offset is >= heap_size > 0, so the largest
+    # flagged lane (0 elsewhere) tells whether there is one.
+    worst = tl.where(bad, offset, 0)
+    if worst.type.is_block():
+        worst = tl.max(worst)
+    if worst >= heap_size:
         _out_of_heap(from_rank, to_rank, worst, heap_size)
 
 
