@@ -1,0 +1,15 @@
+"""Every old ``iris.device`` path and name, with the canonical ``iris.mem`` one it aliases."""
+
+#: Old module -> the new module it aliases.
+OLD_MODULES = {
+    "iris.device": "iris.mem",
+    "iris.device.triton": "iris.mem.triton",
+    "iris.device.triton.context": "iris.mem.triton.context",
+    "iris.device.triton.ops": "iris.mem.triton.ops",
+}
+
+#: (old module, old name, canonical dotted name of the object).
+OLD_NAMES = [
+    ("iris.device.triton", "DeviceContext", "iris.mem.triton.Context"),
+    ("iris.device.triton.context", "DeviceContext", "iris.mem.triton.Context"),
+]
