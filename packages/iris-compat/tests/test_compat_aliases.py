@@ -203,9 +203,3 @@ def test_dir_lists_old_names_and_unknown_names_raise():
     assert {"DeviceContext", "Context", "context", "ops", "load"} <= set(dir(old))
     with pytest.raises(AttributeError, match="'iris.device.triton' has no attribute 'NoSuchThing'"):
         old.NoSuchThing  # noqa: B018
-
-
-def test_package_version_is_iris_compats():
-    with Deprecations():
-        import iris.device
-    assert iris.device.__version__ == importlib.metadata.version("iris-compat")
