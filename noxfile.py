@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent
 TORCH = "torch==2.13.0"
 TRITON = "triton==3.6.0"
 # hatchling: iris-compat's wheel test builds wheels without build isolation.
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "hatchling>=1.21"]
+# matplotlib: the trace-render tests of iris-mem
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "hatchling>=1.21", "matplotlib"]
 
 # Dependency order of the distributions; packages not listed here sort last, by name.
 KNOWN_ORDER = ["iris-mem", "iris-ccl", "iris-ops", "iris-compat"]

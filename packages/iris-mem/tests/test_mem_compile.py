@@ -400,17 +400,25 @@ def _child_vector(fails: list, report: dict) -> None:
                 fails.append(f"vector load {key}: vectorised without a hint, so the check proves nothing")
 
 
-def child_main(group: str) -> dict:
-    """Entry point of the child process: returns {"skip": reason} or {"failures": [...]}."""
+def toolchain_missing() -> str | None:
+    """Why this Python cannot compile for sm_90 (no NVIDIA backend, no ptxas), or None."""
     try:
         from triton.backends import backends
 
         if "nvidia" not in backends:
-            return {"skip": "Triton's NVIDIA backend is not installed"}
+            return "Triton's NVIDIA backend is not installed"
         ptxas = triton.knobs.nvidia.ptxas.path
         subprocess.run([ptxas, "--version"], check=True, capture_output=True, timeout=60)
     except (ImportError, OSError, RuntimeError, subprocess.SubprocessError) as e:
-        return {"skip": f"ptxas for sm_{TARGET_ARCH} is unavailable: {e}"}
+        return f"ptxas for sm_{TARGET_ARCH} is unavailable: {e}"
+    return None
+
+
+def child_main(group: str) -> dict:
+    """Entry point of the child process: returns {"skip": reason} or {"failures": [...]}."""
+    missing = toolchain_missing()
+    if missing:
+        return {"skip": missing}
     import iris.mem._env as env
 
     fails: list[str] = []
@@ -441,7 +449,9 @@ def child_main(group: str) -> dict:
 # --------------------------------------------------------------------------- pytest side
 
 
-def run_child(group: str, debug: bool = False, timeout: float = 240) -> dict:
+def run_child(group: str, debug: bool = False, timeout: float = 240, module: str = "test_mem_compile"):
+    """Run ``<module>.child_main(group)`` in a fresh compiling Python (a test module of this
+    folder) and return its JSON result; skips when the NVIDIA toolchain is missing."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["IRIS_BACKEND"] = "cuda"
     env["IRIS_DEBUG"] = "1" if debug else "0"
@@ -450,7 +460,7 @@ def run_child(group: str, debug: bool = False, timeout: float = 240) -> dict:
         code = (
             "import json, sys\n"
             f"sys.path.insert(0, {HERE!r})\n"
-            "import test_mem_compile as m\n"
+            f"import {module} as m\n"
             f"print('@@RESULT@@' + json.dumps(m.child_main({group!r})))\n"
         )
         proc = subprocess.run(

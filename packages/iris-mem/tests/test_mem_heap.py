@@ -140,7 +140,8 @@ def context_body(rank, world_size):
         first = heap.zeros(1)
         return {
             "header": ctx[:4].tolist(),
-            "bases_view": bases.data_ptr() == ctx.data_ptr() + 4 * 8 and bases.tolist() == ctx[4:].tolist(),
+            "bases_view": bases.data_ptr() == ctx.data_ptr() + 4 * 8
+            and bases.tolist() == ctx[4 : 4 + world_size].tolist(),
             "n_bases": bases.numel(),
             "distinct": len(set(bases.tolist())) == world_size,
             "local_base": bases[rank].item() <= first.data_ptr() < bases[rank].item() + heap.heap_size,

@@ -95,6 +95,13 @@ class Communicator:
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
+    def gather_object(self, obj: Any, dst: int) -> list[Any] | None:
+        """Gather one picklable object from every rank on group rank ``dst`` (rank order
+        there; None elsewhere)."""
+        out: list[Any] | None = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object(obj, out, dst=self.global_ranks[dst], group=self.group)
+        return out
+
     def broadcast_object(self, obj: Any, src: int) -> Any:
         """Broadcast a picklable object from group rank ``src``."""
         box = [obj]

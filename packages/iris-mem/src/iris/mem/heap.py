@@ -23,7 +23,8 @@ from .errors import DeviceWaitTimeout, HeapMismatchError
 
 #: Byte alignment of every allocation (enough for 16-byte vector accesses and 128-byte lines).
 ALIGNMENT = 256
-#: Layout of the device-context tensor: ``[rank, world_size, heap_size, flags, base_0, ...]``.
+#: Layout of the device-context tensor:
+#: ``[rank, world_size, heap_size, flags, base_0, ..., base_{world_size-1}, trace_buffer]``.
 CONTEXT_HEADER = 4
 CONTEXT_FLAG_DEBUG = 1
 
@@ -93,7 +94,22 @@ class SymmetricHeap:
         self._offset = 0
         self._allocations = 0
         header = [self.rank, self.world_size, heap_size, CONTEXT_FLAG_DEBUG if self.debug else 0]
-        self._context = torch.tensor(header + bases, dtype=torch.int64, device=self.device)
+        self._context = torch.tensor(header + bases + [0], dtype=torch.int64, device=self.device)
+        # Imported here, not at the top: ``python -m iris.mem.tracing`` must find the module
+        # unimported after the package itself is.
+        from .tracing import HeapTracing
+
+        #: Device tracing of this heap: enable, reset, register, export (see :mod:`iris.mem.tracing`).
+        self.tracing = HeapTracing(
+            self._comm,
+            self.device,
+            self._context[-1:],
+            self._base,
+            heap_size,
+            self._backend.synchronize,
+            self._backend.interpreted,
+            name,
+        )
         # Internal state for device-side synchronisation, allocated first on every rank.
         self._barrier_flags = self._allocate((self.world_size,), torch.int32, check=False).zero_()
         self._barrier_epoch = self._allocate((1,), torch.int32, check=False).zero_()
@@ -152,11 +168,13 @@ class SymmetricHeap:
         of every rank's heap. Pass it to the functional device API (``iris.mem.triton.load``...).
         """
         self._check_open()
-        return self._context[CONTEXT_HEADER:]
+        return self._context[CONTEXT_HEADER : CONTEXT_HEADER + self.world_size]
 
     def get_device_context(self) -> torch.Tensor:
         """The encoded int64 context tensor that :class:`iris.mem.triton.Context` decodes:
-        ``[rank, world_size, heap_size, flags, heap_base_0, ..., heap_base_{n-1}]``.
+        ``[rank, world_size, heap_size, flags, heap_base_0, ..., heap_base_{n-1}, trace_buffer]``
+        (``trace_buffer``: address of the buffer that kernels built with ``tracing=True``
+        record into, see :mod:`iris.mem.tracing`).
         """
         self._check_open()
         return self._context

@@ -1,4 +1,5 @@
-"""Device-side API for Triton kernels: :class:`Context` and the functional RMA forms."""
+"""Device-side API for Triton kernels: :class:`Context`, its event recorder :class:`Tracing`,
+and the functional RMA forms."""
 
 from ._compat import aggregate
 from .context import HEAP_BASES_OFFSET, Context
@@ -19,10 +20,12 @@ from .ops import (
     store,
     translate,
 )
+from .tracing import Tracing
 
 __all__ = [
     "HEAP_BASES_OFFSET",
     "Context",
+    "Tracing",
     "aggregate",
     "atomic_add",
     "atomic_and",

@@ -16,12 +16,29 @@ in the arguments::
 import triton
 import triton.language as tl
 
+from ..trace_format import TraceEvent
 from . import ops
 from ._compat import aggregate, constexpr_function
 from .ops import translate
+from .tracing import Tracing
 
 #: Index of the first heap base in the context tensor (see ``SymmetricHeap.get_device_context``).
 HEAP_BASES_OFFSET: tl.constexpr = tl.constexpr(4)
+
+_LOAD: tl.constexpr = tl.constexpr(int(TraceEvent.LOAD))
+_STORE: tl.constexpr = tl.constexpr(int(TraceEvent.STORE))
+_GET: tl.constexpr = tl.constexpr(int(TraceEvent.GET))
+_PUT: tl.constexpr = tl.constexpr(int(TraceEvent.PUT))
+_COPY: tl.constexpr = tl.constexpr(int(TraceEvent.COPY))
+_ATOMIC_ADD: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_ADD))
+_ATOMIC_SUB: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_SUB))
+_ATOMIC_XCHG: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_XCHG))
+_ATOMIC_XOR: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_XOR))
+_ATOMIC_AND: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_AND))
+_ATOMIC_OR: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_OR))
+_ATOMIC_MIN: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_MIN))
+_ATOMIC_MAX: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_MAX))
+_ATOMIC_CAS: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_CAS))
 
 # The reference exposed its translation helper under this private module-level name;
 # it stays importable here for ported code (``iris.device.triton.context.__translate``).
@@ -33,20 +50,27 @@ class Context:
     """Device-side handle on the symmetric heap for one rank.
 
     Fields: ``rank`` and ``world_size`` (constexpr), ``heap_bases`` (pointer to the int64
-    table of heap bases), ``tracing`` (constexpr bool).
+    table of heap bases), ``tracing`` (the :class:`~iris.mem.triton.Tracing` recorder;
+    ``tracing.enabled`` is the constexpr flag given to :meth:`initialize`).
+
+    With tracing enabled every method records one event per call and program: the
+    operation, the peer (``to_rank``/``from_rank``; for ``copy`` the destination, with
+    the source rank in ``arg``), the lowest address of the active lanes of the remote-side
+    pointer (``pointer``, ``to_ptr`` for put, ``from_ptr`` for get, ``dst_ptr`` for copy)
+    and active lanes x element bytes.
     """
 
     rank: tl.constexpr
     world_size: tl.constexpr
     heap_bases: tl.tensor
-    tracing: tl.constexpr
+    tracing: Tracing
 
     @constexpr_function
     def __init__(self, rank, world_size, heap_bases, tracing):
         self.rank = tl.constexpr(rank)
         self.world_size = tl.constexpr(world_size)
         self.heap_bases = heap_bases
-        self.tracing = tl.constexpr(tracing)
+        self.tracing = tracing
 
     @staticmethod
     @triton.jit
@@ -58,10 +82,13 @@ class Context:
         :param context_tensor: pointer to the int64 context tensor.
         :param rank: this kernel's rank (``tl.constexpr``).
         :param world_size: number of ranks (``tl.constexpr``).
-        :param tracing: must be False: device-side event tracing is not part of this release.
+        :param tracing: record an event for every RMA call (``tl.constexpr``); the host
+            sets the buffer up with ``heap.tracing.enable()``. False compiles every
+            recording away.
         """
-        tl.static_assert(not tracing, "device tracing is not enabled in this build of iris.mem")
-        return Context(rank, world_size, context_tensor + HEAP_BASES_OFFSET, tracing)
+        heap_bases = context_tensor + HEAP_BASES_OFFSET
+        recorder = Tracing.initialize(heap_bases, rank, world_size, tracing)
+        return Context(rank, world_size, heap_bases, recorder)
 
     @triton.jit
     def translate(self, ptr, to_rank, hint: tl.constexpr = None):
@@ -71,14 +98,19 @@ class Context:
     @triton.jit
     def load(self, pointer, from_rank, mask=None, other=None, cache_modifier=None, volatile=False, hint=None):
         """Load from ``from_rank``'s heap at the offset of ``pointer``."""
-        return ops.load(
+        event = self.tracing.record_event_start(_LOAD, from_rank, pointer, mask)
+        result = ops.load(
             pointer, self.rank, from_rank, self.heap_bases, mask, other, cache_modifier, volatile, hint
         )
+        self.tracing.record_event_end(event)
+        return result
 
     @triton.jit
     def store(self, pointer, value, to_rank, mask=None, cache_modifier=None, hint=None):
         """Store ``value`` into ``to_rank``'s heap at the offset of ``pointer``."""
+        event = self.tracing.record_event_start(_STORE, to_rank, pointer, mask)
         ops.store(pointer, value, self.rank, to_rank, self.heap_bases, mask, hint, cache_modifier)
+        self.tracing.record_event_end(event)
 
     @triton.jit
     def get(
@@ -93,6 +125,7 @@ class Context:
         hint=None,
     ):
         """Copy ``from_rank``'s data at ``from_ptr`` into this rank's ``to_ptr``."""
+        event = self.tracing.record_event_start(_GET, from_rank, from_ptr, mask)
         ops.get(
             from_ptr,
             to_ptr,
@@ -105,6 +138,7 @@ class Context:
             store_cache_modifier,
             hint,
         )
+        self.tracing.record_event_end(event)
 
     @triton.jit
     def put(
@@ -119,6 +153,7 @@ class Context:
         hint=None,
     ):
         """Copy this rank's data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``."""
+        event = self.tracing.record_event_start(_PUT, to_rank, to_ptr, mask)
         ops.put(
             from_ptr,
             to_ptr,
@@ -131,6 +166,7 @@ class Context:
             store_cache_modifier,
             hint,
         )
+        self.tracing.record_event_end(event)
 
     @triton.jit
     def copy(
@@ -146,6 +182,7 @@ class Context:
         hint=None,
     ):
         """Copy from ``from_rank``'s heap at ``src_ptr`` to ``to_rank``'s at ``dst_ptr``."""
+        event = self.tracing.record_event_start(_COPY, to_rank, dst_ptr, mask, from_rank)
         ops.copy(
             src_ptr,
             dst_ptr,
@@ -159,48 +196,76 @@ class Context:
             store_cache_modifier,
             hint,
         )
+        self.tracing.record_event_end(event)
+
+    # Atomics: one recorded event each; ``_atomic`` dispatches on the constexpr kind.
+
+    @triton.jit
+    def _atomic(self, KIND: tl.constexpr, pointer, val, to_rank, mask, sem, scope, hint):
+        event = self.tracing.record_event_start(KIND, to_rank, pointer, mask)
+        if KIND == _ATOMIC_ADD:
+            old = ops.atomic_add(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        elif KIND == _ATOMIC_SUB:
+            old = ops.atomic_sub(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        elif KIND == _ATOMIC_XCHG:
+            old = ops.atomic_xchg(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        elif KIND == _ATOMIC_XOR:
+            old = ops.atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        elif KIND == _ATOMIC_AND:
+            old = ops.atomic_and(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        elif KIND == _ATOMIC_OR:
+            old = ops.atomic_or(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        elif KIND == _ATOMIC_MIN:
+            old = ops.atomic_min(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        else:
+            old = ops.atomic_max(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_add(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic add in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_add(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_ADD, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_sub(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic subtract in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_sub(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_SUB, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_xchg(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic exchange in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_xchg(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_XCHG, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic xor in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_XOR, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_and(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic and in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_and(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_AND, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_or(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic or in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_or(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_OR, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_min(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic minimum in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_min(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_MIN, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_max(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic maximum in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_max(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        return self._atomic(_ATOMIC_MAX, pointer, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_cas(self, pointer, cmp, val, to_rank, sem=None, scope=None, hint=None):
         """Atomic compare-and-swap in ``to_rank``'s heap; returns the previous value."""
-        return ops.atomic_cas(pointer, cmp, val, self.rank, to_rank, self.heap_bases, sem, scope, hint)
+        event = self.tracing.record_event_start(_ATOMIC_CAS, to_rank, pointer)
+        old = ops.atomic_cas(pointer, cmp, val, self.rank, to_rank, self.heap_bases, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old

@@ -1,0 +1,57 @@
+"""Device intrinsics for Triton kernels: a global clock and the id of the running SM.
+
+Compiled for NVIDIA GPUs they read PTX special registers; in Triton's interpreter (the
+``cpu`` backend), where inline assembly cannot run, they read the host instead. Which
+version a kernel gets is decided when this module is imported, like the rest of
+:mod:`iris.mem`.
+
+``global_timer()``
+    int64 nanoseconds. On NVIDIA the GPU's ``%globaltimer`` (one clock per GPU, shared by
+    all its SMs; its resolution depends on the GPU and driver, from 32 ns to 1 us). In the
+    interpreter the host's ``time.monotonic_ns()``, one clock for every process of the
+    machine.
+``sm_id()``
+    int32 id of the SM running the program (``%smid``); -1 in the interpreter.
+"""
+
+from __future__ import annotations
+
+import time
+
+import triton
+import triton.language as tl
+
+from . import _env
+
+__all__ = ["global_timer", "sm_id"]
+
+if _env.interpreted():
+
+    def _host_clock_ns() -> int:
+        return time.monotonic_ns()
+
+    @triton.jit
+    def global_timer():
+        """Interpreter: the host's monotonic clock in ns."""
+        return tl.full([], _host_clock_ns(), tl.int64)
+
+    @triton.jit
+    def sm_id():
+        """Interpreter: no SM, -1."""
+        return tl.full([], -1, tl.int32)
+
+else:
+
+    @triton.jit
+    def global_timer():
+        """The GPU's global nanosecond timer (``%globaltimer``)."""
+        return tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+
+    @triton.jit
+    def sm_id():
+        """Id of the SM running this program (``%smid``)."""
+        return tl.inline_asm_elementwise(
+            "mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
