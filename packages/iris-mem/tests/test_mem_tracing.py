@@ -440,3 +440,77 @@ def test_tracing_compiles_away_and_reads_the_gpu_clock_on_hopper():
     assert result["failures"] == [], "\n".join(result["failures"])
     lines = result["report"]["lines"]
     assert lines["on"] > lines["off"], lines  # negative control: tracing=True does add code
+
+
+# --------------------------------------------------------------------------- GPU: real clocks
+
+SLEEP_S = 0.1  # rank 0 starts its kernel this long after rank 1 starts waiting
+
+
+@triton.jit
+def _handoff_kernel(context, data, flag, n, budget, SEND: tl.constexpr, WAIT: tl.constexpr,
+                    RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Rank 0 puts a block into rank 1 and raises its flag (release); rank 1 waits for the
+    flag (acquire) inside a WAIT region."""
+    ctx = Context.initialize(context, RANK, WORLD, tracing=True)
+    offs = tl.arange(0, BLOCK)
+    if RANK == 0:
+        region = ctx.tracing.record_event_start(SEND, target_rank=1)
+        ctx.put(data + offs, data + offs, 1, mask=offs < n)
+        ctx.atomic_xchg(flag, 1, 1, sem="release", scope="sys")
+        ctx.tracing.record_event_end(region)
+    else:
+        region = ctx.tracing.record_event_start(WAIT, target_rank=0)
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        spins = tl.full([], 0, tl.int32)
+        while (seen == 0) & (spins < budget):
+            seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+            spins += 1
+        ctx.tracing.record_event_end(region)
+
+
+def handoff_body(rank, world_size, folder):
+    import time
+
+    with iris.mem.init(HEAP) as heap:
+        send, wait = heap.tracing.register("send"), heap.tracing.register("wait")
+        data = heap.ones(BLOCK, dtype=torch.float32)
+        flag = heap.zeros(1, dtype=torch.int32)
+        heap.tracing.enable(max_events=64)
+        for measured in (False, True):  # the first round compiles the kernel
+            flag.zero_()
+            heap.tracing.reset()
+            heap.barrier()
+            if rank == 0 and measured:
+                time.sleep(SLEEP_S)
+            _handoff_kernel[(1,)](
+                heap.get_device_context(), data, flag, BLOCK, 1 << 26,
+                SEND=send, WAIT=wait, RANK=rank, WORLD=world_size, BLOCK=BLOCK,
+            )  # fmt: skip
+            heap.barrier()
+        sms = torch.cuda.get_device_properties(heap.device).multi_processor_count if BACKEND == "cuda" else 0
+        path = heap.tracing.export(os.path.join(folder, "handoff.json"), merge=True)
+        return {"flag": flag.item(), "path": path, "sms": sms, "events": heap.tracing.events()}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(BACKEND != "cuda", reason="real GPU clocks: run with IRIS_BACKEND=cuda on 2 GPUs")
+def test_gpu_clocks_are_ns_and_aligned_across_ranks(tmp_path):
+    """On GPUs: the waiting rank's region lasts about the host's sleep (so the clock counts
+    ns), ends after the other rank raised the flag (so the ranks' clocks are aligned within
+    the tolerance), and every event names a real SM."""
+    require_world(2)
+    results = run_world(handoff_body, 2, str(tmp_path), timeout=240)
+    assert results[1]["flag"] == 1
+    for r in results:
+        assert all(0 <= e["sm"] < r["sms"] for e in r["events"])
+        assert all(e["end"] >= e["start"] > 0 for e in r["events"])
+    events = {e["name"]: e for e in _events(_load(results[0]["path"]))}
+    wait, xchg, send = events["wait"], events["atomic_xchg"], events["send"]
+    assert (wait["pid"], xchg["pid"], send["pid"]) == (1, 0, 0)
+    assert 0.5 * SLEEP_S * 1e6 <= wait["dur"] <= 20 * SLEEP_S * 1e6, wait
+    tolerance_us = 50.0  # clock pairing error of the two ranks, both sides
+    wait_end = wait["ts"] + wait["dur"]
+    assert wait_end >= xchg["ts"] - tolerance_us, (wait, xchg)
+    assert wait_end <= xchg["ts"] + xchg["dur"] + 5000.0, (wait, xchg)  # seen within 5 ms
+    assert send["ts"] >= wait["ts"] + 0.5 * SLEEP_S * 1e6 - tolerance_us

@@ -20,6 +20,9 @@ from . import _env
 from .backends import Backend, create_backend
 from .bootstrap import Communicator, ensure_initialized, resolve_group
 from .errors import DeviceWaitTimeout, HeapMismatchError
+from .log import get_logger
+
+_log = get_logger(__name__)
 
 #: Byte alignment of every allocation (enough for 16-byte vector accesses and 128-byte lines).
 ALIGNMENT = 256
@@ -118,6 +121,7 @@ class SymmetricHeap:
         # Peers may signal this rank's flags as soon as they leave init: zero them first.
         self._backend.synchronize()
         self._comm.barrier()
+        _log.debug("heap: %d bytes on %s, %d ranks", heap_size, self.device, self.world_size)
 
     # ------------------------------------------------------------------ properties
     @property
