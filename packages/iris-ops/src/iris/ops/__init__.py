@@ -1,0 +1,30 @@
+"""iris.ops: fused GEMM + communication kernels written in Triton on Iris's symmetric heap.
+
+Each op is one persistent Triton kernel in which GEMM tiles are communicated as soon as
+they are computed (or fetched just before they are needed), so communication hides under
+compute: :func:`matmul_all_reduce`, :func:`all_gather_matmul`, :func:`matmul_all_gather`,
+:func:`matmul_reduce_scatter`. Each takes ``group``, ``async_op``, ``config`` (a
+:class:`Config`) and a reusable ``workspace`` (a :class:`Workspace`).
+"""
+
+import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are interpreted
+
+from ._version import __version__
+from .all_gather_matmul import all_gather_matmul
+from .config import Config
+from .matmul_all_gather import matmul_all_gather
+from .matmul_all_reduce import matmul_all_reduce
+from .matmul_reduce_scatter import matmul_reduce_scatter
+from .workspace import Workspace, check_errors, release_workspaces
+
+__all__ = [
+    "Config",
+    "Workspace",
+    "__version__",
+    "all_gather_matmul",
+    "check_errors",
+    "matmul_all_gather",
+    "matmul_all_reduce",
+    "matmul_reduce_scatter",
+    "release_workspaces",
+]

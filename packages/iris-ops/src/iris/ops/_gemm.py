@@ -1,0 +1,121 @@
+"""The Triton GEMM core every fused op is built on.
+
+A fused op's kernel is persistent: ``P`` programs (about one per SM) walk a list of output
+tiles. For each tile it calls :func:`matmul_tile`, which accumulates ``A[rows, :] @ B[:, cols]``
+over the K dimension in fp32 (``tl.dot``: tensor cores for bf16/fp16, tf32 for fp32
+inputs; ``wgmma`` on Hopper), software-pipelined ``num_stages`` deep. Tiles are visited in
+grouped order (:func:`grouped_tile`: ``GROUP_M`` rows of tiles at a time, so the programs
+running together share A rows and B columns in L2).
+
+Edges: rows and columns past the valid extent are clamped to row/column 0 when loading
+(every load stays in bounds, no mask in the inner loop) and masked when storing; a K that
+is not a multiple of ``BLOCK_K`` masks the K dimension (``EVEN_K=False``).
+
+Under Triton's interpreter two things differ, selected by the module constant
+:data:`INTERPRETED`: loops with run-time bounds are ``while`` loops (``range`` over a run-time
+value fails there), and ``tl.dot`` multiplies fp32 upcasts (the interpreter's bf16 dot is
+wrong). Compiled code never sees those branches.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+#: Whether kernels defined by iris.ops run in Triton's interpreter (decided at import,
+#: after ``iris.mem`` has configured Triton).
+INTERPRETED: tl.constexpr = tl.constexpr(
+    os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+)
+
+
+@triton.jit
+def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of tile number ``tile`` in a ``tiles_m x tiles_n`` grid walked in
+    grouped order: ``GROUP_M`` rows of tiles, column by column, then the next rows."""
+    width = GROUP_M * tiles_n
+    first_m = (tile // width) * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % size_m
+    pid_n = (tile % width) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _dot(a, b, acc):
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)  # fp32 inputs: tf32 tensor cores
+
+
+@triton.jit
+def _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        in_k = k * BLOCK_K + tl.arange(0, BLOCK_K) < k_len
+        a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
+    return _dot(a, b, acc)
+
+
+@triton.jit
+def matmul_tile(
+    acc, a, b, row0, m_valid, col0, n_valid, k_len,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """``acc + a[row0 : row0 + BLOCK_M, :k_len] @ b[:k_len, col0 : col0 + BLOCK_N]`` in fp32.
+
+    :param acc: fp32 ``[BLOCK_M, BLOCK_N]`` accumulator.
+    :param a: pointer to A (``stride_am``, ``stride_ak`` elements); rows at or past
+        ``m_valid`` are read as row 0 (their results must not be stored).
+    :param b: pointer to B (``stride_bk``, ``stride_bn``); columns at or past ``n_valid``
+        are read as column 0.
+    :param k_len: length of the K dimension; ``EVEN_K`` says it is a multiple of ``BLOCK_K``.
+    """
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    rows = tl.max_contiguous(tl.multiple_of(tl.where(rows < m_valid, rows, 0), BLOCK_M), BLOCK_M)
+    cols = tl.max_contiguous(tl.multiple_of(tl.where(cols < n_valid, cols, 0), BLOCK_N), BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak
+    b_ptrs = b + ks[:, None] * stride_bk + cols.to(tl.int64)[None, :] * stride_bn
+    k_tiles = tl.cdiv(k_len, BLOCK_K)
+    if INTERPRETED:
+        k = 0
+        while k < k_tiles:
+            acc = _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K, EVEN_K)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+            k += 1
+    else:
+        for k in range(0, k_tiles):
+            acc = _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K, EVEN_K)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def tile_offsets(
+    row0, m_valid, col0, n_valid, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """``(offsets, mask)`` of the ``[BLOCK_M, BLOCK_N]`` tile at ``(row0, col0)`` of a
+    matrix with strides ``(stride_m, stride_n)`` whose valid extent is ``m_valid x n_valid``."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    offs = rows.to(tl.int64)[:, None] * stride_m + cols[None, :] * stride_n
+    mask = (rows < m_valid)[:, None] & (cols < n_valid)[None, :]
+    return offs, mask
+
+
+@triton.jit
+def add_bias(acc, bias, col0, n_valid, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``acc + bias[col0 : col0 + BLOCK_N]`` broadcast over rows (fp32), when ``HAS_BIAS``."""
+    if HAS_BIAS:
+        cols = col0 + tl.arange(0, BLOCK_N)
+        acc += tl.load(bias + cols, mask=cols < n_valid, other=0.0).to(tl.float32)[None, :]
+    return acc

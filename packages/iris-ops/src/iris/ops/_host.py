@@ -1,0 +1,185 @@
+"""Host-side helpers shared by the fused ops: validation, the group, the heap, launching."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import iris.mem
+from iris.ccl import Work
+
+from . import _gemm
+from . import workspace as _workspace
+from .config import Config, select
+
+#: Dtypes the ops take (fp32 runs on tf32 tensor cores); accumulation is always fp32.
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _tensor(t: Any, name: str, op: str, ndim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {list(t.shape)}")
+    return t
+
+
+def check_operands(op: str, out, a, b, bias) -> None:
+    """Types, ranks, dtypes and devices of a fused op's tensors (shapes are the op's own)."""
+    _tensor(out, "out", op, 2)
+    _tensor(a, "a" if op != "all_gather_matmul" else "a_shard", op, 2)
+    _tensor(b, "b", op, 2)
+    if bias is not None:
+        _tensor(bias, "bias", op, 1)
+    named = [("out", out), ("a", a), ("b", b)] + ([("bias", bias)] if bias is not None else [])
+    if a.dtype not in DTYPES:
+        raise TypeError(f"{op}: dtype {a.dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
+    for name, t in named:
+        if t.dtype != a.dtype:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype} but a has {a.dtype}; they must match")
+        if t.device != a.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but a is on {a.device}; they must match")
+    for name, t in named[1:]:
+        if overlaps(out, t):
+            raise ValueError(f"{op}: out overlaps {name}; the output must not share memory with an input")
+
+
+def matmul_dims(op: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    """``(M, K, N)`` of ``a @ b``; a ValueError when the inner dimensions differ."""
+    (m, k), (k2, n) = a.shape, b.shape
+    if k2 != k:
+        raise ValueError(
+            f"{op}: a is {list(a.shape)} and b is {list(b.shape)}; a's columns must equal b's rows"
+        )
+    return m, k, n
+
+
+def check_shape(op: str, out: torch.Tensor, shape: tuple[int, int], why: str) -> None:
+    """A ValueError unless ``out`` has ``shape`` (``why`` says where that comes from)."""
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{op}: out has shape {list(out.shape)}, expected {list(shape)} ({why})")
+
+
+def check_bias(op: str, bias, n: int) -> None:
+    if bias is not None and bias.shape[0] != n:
+        raise ValueError(f"{op}: bias has {bias.shape[0]} elements, expected {n} (the columns of a @ b)")
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of ``a`` and ``b`` (any layout) intersect."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):
+        hi = sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st > 0)
+        return t.data_ptr(), t.data_ptr() + (hi + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def group_position(group) -> tuple[tuple[int, ...], int]:
+    """``(global ranks of group, this process's index)``; group None is the world."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "iris.ops needs torch.distributed: launch with torchrun, or call "
+            "torch.distributed.init_process_group() (or iris.mem.init()) first"
+        )
+    if group is None:
+        ranks = tuple(range(dist.get_world_size()))
+    elif group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this process is not a member of the group passed to the op")
+    elif not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
+    else:
+        ranks = tuple(dist.get_process_group_ranks(group))
+    return ranks, ranks.index(dist.get_rank())
+
+
+def divisible(op: str, what: str, value: int, size: int) -> None:
+    if value % size:
+        raise ValueError(f"{op}: {what} ({value}) must be divisible by the group size ({size})")
+
+
+@functools.cache
+def device_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (0 on CPUs)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def interpreted(device: torch.device) -> bool:
+    return bool(_gemm.INTERPRETED) or device.type != "cuda"
+
+
+def resolve(rows: int, cols: int, a: torch.Tensor, config: Config | None) -> Config:
+    """The config to run, for output tiles over ``rows x cols``."""
+    return select(rows, cols, a.dtype, device_sms(a.device), interpreted(a.device), config)
+
+
+def heap_of(out: torch.Tensor, ranks: tuple[int, ...]):
+    """The heap holding ``out`` when it spans exactly ``ranks`` (in that order), else None."""
+    heap = iris.mem.heap_of(out)
+    if heap is not None and tuple(heap.global_ranks) == ranks:
+        return heap
+    return None
+
+
+def writable_in_place(out: torch.Tensor, heap) -> bool:
+    """Whether peers can store into ``out`` directly: on the heap, row-major contiguous."""
+    return heap is not None and out.is_contiguous()
+
+
+def workspace_for(op: str, ranks, index, shapes, a, cfg, extra, out, in_place_out, specs, workspace, group):
+    """The prepared workspace of this call (see :func:`iris.ops.workspace.acquire`)."""
+    heap = heap_of(out, ranks)
+    signature = (op, ranks, shapes, str(a.dtype), cfg, (id(heap) if heap is not None else None, in_place_out))
+    signature = signature + (extra,)
+    return _workspace.acquire(workspace, signature, heap, group, len(ranks), a.device, specs)
+
+
+def launch(kernel, grid: int, ws: _workspace.Workspace, cfg: Config, *args, **meta) -> None:
+    """Launch ``kernel`` on ``grid`` programs with the workspace's leading arguments and the
+    config's constexprs, then (CPU backend) raise a wait timeout it recorded."""
+    heap = ws.heap
+    bufs = ws.buffers
+    kernel[(grid,)](
+        heap.get_device_context(),
+        bufs["members"],
+        bufs["sync_flags"],
+        bufs["epochs"],
+        bufs["status"],
+        iris.mem.spin_limit(),
+        bufs["state"],
+        *args,
+        RANK=heap.rank,
+        WORLD=heap.world_size,
+        GROUP=heap.world_size,
+        ME=heap.rank,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **meta,
+    )
+    if heap.backend == "cpu":
+        ws.check()
+
+
+def finish(device: torch.device, async_op: bool) -> Work | None:
+    return Work(device) if async_op else None
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def aligned(t: torch.Tensor) -> bool:
+    """Whether ``t``'s address allows 16-byte vector accesses after translation."""
+    return t.data_ptr() % 16 == 0

@@ -1,0 +1,86 @@
+"""Device-side signalling of the fused ops: per-tile flags holding call generations, and a
+per-call generation counter that resets itself.
+
+Every workspace keeps a small local ``state`` array (int32):
+
+* ``state[GEN]``: generations completed so far. Every program of a call reads it at start
+  (:func:`call_generation`), so a call's generation is ``state[GEN] + 1`` on every program of
+  every rank (ranks make the same calls with the same workspace).
+* ``state[EXITED]``: programs of the running call that have finished. The last one
+  (:func:`finish_call`) stores the new generation and zeroes the counters, so nothing is
+  reset by the host between calls or CUDA graph replays.
+* ``state[CLAIM]``: the next tile to hand out when programs claim tiles dynamically
+  (:func:`claim_tile`).
+
+A flag set to generation ``g`` means "the data of call ``g`` is there"; flags only grow, so
+a stale flag from an earlier call never satisfies a wait.
+"""
+
+import triton
+import triton.language as tl
+
+from iris.ccl.triton import record_timeout
+
+GEN: tl.constexpr = tl.constexpr(0)
+EXITED: tl.constexpr = tl.constexpr(1)
+CLAIM: tl.constexpr = tl.constexpr(2)
+#: int32 words of a workspace's ``state`` array.
+STATE_WORDS = 4
+
+
+@triton.jit
+def call_generation(state):
+    """This call's generation (the same on every program and every rank)."""
+    return tl.load(state + GEN) + 1
+
+
+@triton.jit
+def finish_call(state, gen):
+    """Count this program out; the last program of the call stores ``gen`` and resets the
+    counters for the next call. Call it last, after every wait and store of the program."""
+    tl.debug_barrier()
+    done = tl.atomic_add(state + EXITED, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) - 1:
+        tl.atomic_xchg(state + CLAIM, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(state + EXITED, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(state + GEN, gen, sem="release", scope="gpu")
+
+
+@triton.jit
+def claim_tile(state):
+    """The next unclaimed tile number of this call (numbers past the last tile mean "done")."""
+    return tl.atomic_add(state + CLAIM, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def signal(ctx, flag, gen, to_rank):
+    """Set ``flag`` on ``to_rank`` to ``gen`` once every thread's earlier stores are visible
+    there (barrier, then a release atomic at system scope)."""
+    tl.debug_barrier()
+    ctx.atomic_max(flag, gen, to_rank, sem="release", scope="sys")
+
+
+@triton.jit
+def wait(ctx, group, flag, gen, peer):
+    """Spin (acquire, system scope) until the local ``flag`` reaches ``gen``; record a
+    timeout naming ``peer`` (the rank expected to set it) after ``group.budget`` polls.
+    Every thread reads after the wait."""
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    spins = gen * 0
+    while (seen < gen) & (spins < group.budget):
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        spins += 1
+    if seen < gen:
+        record_timeout(group.status, ctx.rank, peer, flag)
+    tl.debug_barrier()
+
+
+@triton.jit
+def remote(ctx, ptr, rank, ALIGNED: tl.constexpr):
+    """``ptr`` (a scalar pointer into this rank's heap) translated to ``rank``'s heap; with
+    ``ALIGNED`` the result is declared 16-byte aligned, so tiles addressed from it keep
+    vector accesses (true when ``ptr`` is: heap bases are 256-byte aligned)."""
+    p = ctx.translate(ptr, rank)
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p

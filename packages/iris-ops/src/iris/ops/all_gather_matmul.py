@@ -1,0 +1,210 @@
+"""``all_gather_matmul``: ``out = all_gather(a_shard) @ b``, with A gathered while the GEMM
+runs.
+
+Two layouts (``gather_dim``): A sharded along M (sequence parallelism, like torch's
+``fused_all_gather_matmul``: every rank holds rows of A) or along K (every rank holds
+columns of A, the layout of the reference Iris).
+
+One persistent kernel. Its first ``comm_sms`` programs push this rank's shard, block of
+``BLOCK_M`` rows by block, into every peer's workspace (a remote store per element, then a
+flag per row block raised to the call's generation); then they join the others, which
+claim output tiles from a counter:
+
+* along M: tiles whose rows are this rank's own shard come first and read the shard where
+  it is, without waiting; tiles of a peer's rows wait for the flag of their row block and
+  read the workspace;
+* along K: every tile needs every shard; it multiplies this rank's K slice first, then
+  each peer's slice once its row block has arrived.
+
+Nothing is pulled from a peer, so nothing of this rank's is read after the kernel ends:
+the only barrier is the pushers' start barrier (a peer's workspace is free once that peer
+has entered the call).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.ccl import Work
+from iris.ccl.triton import Group
+from iris.mem.triton import Context
+
+from . import _host
+from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
+from ._sync import call_generation, claim_tile, finish_call, remote, signal, wait
+from .config import Config
+from .workspace import Workspace
+
+
+@triton.jit
+def _push_shard(
+    ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M: tl.constexpr, PUSH_K: tl.constexpr
+):
+    """This pusher's row blocks (``pid``, ``pid + pushers``, ...) of the local shard ``a``
+    (``MS x KS``, row-major) into slot ``ME`` of every peer's ``ws``, each followed by its
+    flag ``ready[ME, block]`` on that peer."""
+    shard = tl.cast(MS, tl.int64) * KS
+    rb = tl.program_id(0)
+    while rb < row_blocks:
+        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+        kk = rb * 0
+        while kk < KS:
+            cols = kk + tl.arange(0, PUSH_K)
+            mask = (rows < MS)[:, None] & (cols < KS)[None, :]
+            offs = rows.to(tl.int64)[:, None] * KS + cols[None, :]
+            x = tl.load(a + offs, mask=mask)
+            for i in tl.static_range(1, group.size):
+                peer = group.rank((group.index + i) % group.size)
+                tl.store(remote(ctx, ws, peer, True) + group.index * shard + offs, x, mask=mask)
+            kk += PUSH_K
+        for i in tl.static_range(1, group.size):
+            peer = group.rank((group.index + i) % group.size)
+            signal(ctx, ready + group.index * row_blocks + rb, gen, peer)
+        rb += pushers
+
+
+@triton.jit
+def _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks):
+    """Where member ``j``'s shard is read: ``a`` itself for this rank, else the workspace
+    slot, once the flag of row block ``pid_m`` shows this call's generation."""
+    if j == group.index:
+        src = a
+    else:
+        wait(ctx, group, ready + j * row_blocks + pid_m, gen, group.rank(j))
+        src = ws + tl.cast(j, tl.int64) * MS * KS
+    return src
+
+
+@triton.jit
+def _all_gather_matmul_kernel(
+    context, members, sync_flags, epochs, status, budget, state, ready,
+    a, b, bias, out, ws,
+    MS, N, KS, stride_bk, stride_bn, stride_om, stride_on, pushers,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PUSH_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATHER_K: tl.constexpr,
+):  # fmt: skip
+    """Every shard is ``MS x KS`` (row-major; ``a`` is this rank's). Along M (``GATHER_K``
+    False) ``out`` is ``(GROUP*MS, N)`` and ``b`` ``(KS, N)``; along K ``out`` is ``(MS, N)``
+    and ``b`` ``(GROUP*KS, N)``. ``ws`` holds ``GROUP`` shard slots; ``ready[j, r]`` is the
+    flag of row block ``r`` of member ``j``'s shard."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
+    gen = call_generation(state)
+    row_blocks = tl.cdiv(MS, BLOCK_M)
+    if tl.program_id(0) < pushers:
+        group.sync(ctx, tl.program_id(0))  # every member has entered: its workspace is free
+        _push_shard(ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M, PUSH_K)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    chunk_tiles = row_blocks * tiles_n
+    if GATHER_K:
+        total = chunk_tiles
+    else:
+        total = GROUP * chunk_tiles
+    i = claim_tile(state)
+    while i < total:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if GATHER_K:
+            pid_m, pid_n = grouped_tile(i, row_blocks, tiles_n, GROUP_M)
+            for s in range(GROUP):  # this rank's K slice first
+                j = (ME + s) % GROUP
+                src = _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks)
+                b_slice = b + tl.cast(j, tl.int64) * KS * stride_bk
+                acc = matmul_tile(
+                    acc, src, b_slice, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS,
+                    KS, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                )  # fmt: skip
+            out_row = pid_m * 0
+        else:
+            position = i // chunk_tiles  # this rank's rows first
+            c = (ME + position) % GROUP
+            pid_m, pid_n = grouped_tile(i - position * chunk_tiles, row_blocks, tiles_n, GROUP_M)
+            src = _shard_source(ctx, group, a, ws, ready, gen, c, pid_m, MS, KS, row_blocks)
+            acc = matmul_tile(
+                acc, src, b, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            )  # fmt: skip
+            out_row = c * MS
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
+        offs, mask = tile_offsets(row0, MS, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        tl.store(out + tl.cast(out_row, tl.int64) * stride_om + offs, acc.to(out.dtype.element_ty), mask=mask)
+        i = claim_tile(state)
+    finish_call(state, gen)
+
+
+def all_gather_matmul(
+    out: torch.Tensor,
+    a_shard: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    gather_dim: int = 0,
+    group=None,
+    async_op: bool = False,
+    config: Config | None = None,
+    workspace: Workspace | None = None,
+) -> Work | None:
+    """``out = all_gather(a_shard, gather_dim) @ b + bias`` over the ranks of ``group``.
+
+    Shapes (G: the group's size; A is the gathered matrix, shards in group-rank order):
+
+    * ``gather_dim=0`` (A sharded along M, sequence parallel): ``a_shard`` is this rank's
+      ``(M/G, K)`` rows of A, ``b`` is ``(K, N)``, ``out`` is ``(M, N)``.
+    * ``gather_dim=1`` (A sharded along K): ``a_shard`` is this rank's ``(M, K/G)`` columns
+      of A, ``b`` is the full ``(K, N)``, ``out`` is ``(M, N)``.
+
+    ``b`` and ``bias`` (``(N,)`` or None) are this rank's own (they may differ between ranks,
+    as in column-parallel layers where each rank holds its slice of N). bf16, fp16 or fp32
+    (tf32), all the same; fp32 accumulation.
+
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
+    :param config: a :class:`Config` (``comm_sms``: programs pushing the shard); None picks
+        the best known for the shape.
+    :param workspace: a :class:`Workspace` to reuse across calls; None keeps one per
+        signature internally.
+
+    Any tensors work: the shard is read locally and pushed into the peers' workspaces, the
+    output is written locally. A shard that is not row-major contiguous is copied first.
+    """
+    op = "all_gather_matmul"
+    _host.check_operands(op, out, a_shard, b, bias)
+    if gather_dim not in (0, 1) or isinstance(gather_dim, bool):
+        raise ValueError(f"{op}: gather_dim must be 0 (A sharded along M) or 1 (along K), got {gather_dim!r}")
+    ranks, index = _host.group_position(group)
+    size = len(ranks)
+    (ms, ks), (k, n) = a_shard.shape, b.shape
+    m = ms * size if gather_dim == 0 else ms
+    if k != (ks if gather_dim == 0 else ks * size):
+        what = "a_shard's columns" if gather_dim == 0 else "the group size x a_shard's columns"
+        raise ValueError(
+            f"{op}: a_shard is {list(a_shard.shape)} and b is {list(b.shape)}; b's rows must equal {what} "
+            f"for gather_dim={gather_dim}"
+        )
+    _host.check_shape(op, out, (m, n), f"the gathered A's rows, b's columns for gather_dim={gather_dim}")
+    _host.check_bias(op, bias, n)
+    if a_shard.stride() != (ks, 1):
+        a_shard = a_shard.contiguous()
+    cfg = _host.resolve(m, n, a_shard, config)
+    row_blocks = _host.cdiv(ms, cfg.block_m)
+    specs = [("ready", size * row_blocks, torch.int32), ("shards", size * ms * ks, a_shard.dtype)]
+    shapes = (tuple(a_shard.shape), tuple(b.shape), tuple(out.shape))
+    ws = _host.workspace_for(
+        op, ranks, index, shapes, a_shard, cfg, gather_dim, out, True, specs, workspace, group
+    )
+    if out.numel():
+        tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 else 1)
+        pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
+        grid = max(1, min(cfg.num_sms, tiles + pushers))
+        _host.launch(
+            _all_gather_matmul_kernel, grid, ws, cfg,
+            ws.buffers["ready"], a_shard, b, bias if bias is not None else a_shard, out, ws.buffers["shards"],
+            ms, n, ks, *b.stride(), *out.stride(), min(pushers, grid),
+            PUSH_K=min(128 if a_shard.is_cuda else 32, triton.next_power_of_2(max(ks, 16))),
+            EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1,
+        )  # fmt: skip
+    return _host.finish(a_shard.device, async_op)

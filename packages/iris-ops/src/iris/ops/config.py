@@ -1,0 +1,114 @@
+"""``Config``: how a fused op runs, and the table that picks one by shape."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+#: Largest number of persistent programs a fused op launches (the sync slots of a workspace).
+MAX_PROGRAMS = 1024
+
+
+def _power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+_INT_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages", "num_sms", "comm_sms")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    """Launch configuration of a fused op. Every field left at 0 (or ``"auto"``) is chosen
+    from the table of best-known settings for the shape, dtype and device.
+
+    Attributes:
+        block_m: rows of an output tile (power of two, 16-256).
+        block_n: columns of an output tile (power of two, 16-256).
+        block_k: K step of the inner loop (power of two, 16-256).
+        group_m: rows of tiles visited together (grouped order, for L2 reuse), >= 1.
+        num_warps: warps per program (power of two, 1-16).
+        num_stages: software-pipelining depth of the K loop (1-8).
+        num_sms: persistent programs (1-1024); default: the device's SM count (4 under the
+            interpreter), never more than the tiles.
+        comm_sms: ``all_gather_matmul`` only: programs that push this rank's shard of A to
+            the other ranks before they join the GEMM (forced to 1 under the interpreter,
+            where programs run one after the other).
+        split: ``matmul_all_reduce`` only: the dimension along which output tiles are
+            assigned to the rank that reduces them, ``"m"`` or ``"n"``.
+    """
+
+    block_m: int = 0
+    block_n: int = 0
+    block_k: int = 0
+    group_m: int = 0
+    num_warps: int = 0
+    num_stages: int = 0
+    num_sms: int = 0
+    comm_sms: int = 0
+    split: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Config.{name} must be an int, got {value!r}")
+            if value < 0:
+                raise ValueError(f"Config.{name} must be >= 0 (0 chooses), got {value}")
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value and (not _power_of_two(value) or not 16 <= value <= 256):
+                raise ValueError(f"Config.{name} must be a power of two from 16 to 256, got {value}")
+        if self.num_warps and (not _power_of_two(self.num_warps) or self.num_warps > 16):
+            raise ValueError(f"Config.num_warps must be a power of two up to 16, got {self.num_warps}")
+        if self.num_stages > 8:
+            raise ValueError(f"Config.num_stages must be at most 8, got {self.num_stages}")
+        if self.num_sms > MAX_PROGRAMS:
+            raise ValueError(f"Config.num_sms must be at most {MAX_PROGRAMS}, got {self.num_sms}")
+        if self.split not in ("auto", "m", "n"):
+            raise ValueError(f"Config.split must be 'auto', 'm' or 'n', got {self.split!r}")
+
+
+def check_config(config: object) -> None:
+    """A clear TypeError for a ``config`` that is not a :class:`Config` (or None)."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be an iris.ops.Config or None, got {type(config).__name__}")
+
+
+def select(
+    rows: int, cols: int, dtype: torch.dtype, device_sms: int, interpreted: bool, config: Config | None
+) -> Config:
+    """``config`` with every field left to choose filled in, for output tiles covering
+    ``rows x cols`` (per owner or per shard where the op splits them) of ``dtype``.
+
+    The table is the best known on Hopper (H200): 128x256x64 tiles, 8 warps, 3 stages for
+    large 16-bit GEMMs; narrower tiles when there would be fewer tiles than SMs (decode
+    shapes, M <= 128, are bound by reading B, so what counts there is enough programs);
+    128x128x32 for tf32. Under the interpreter small tiles keep interpreted programs cheap.
+    """
+    check_config(config)
+    config = config or Config()
+    if interpreted:
+        bm, bn, bk, warps, stages, sms, group = 16, 16, 16, 4, 1, 4, 2
+    elif dtype == torch.float32:
+        bm, bn, bk, warps, stages, group = (64, 64, 64, 4, 3, 8) if rows <= 64 else (128, 128, 32, 8, 3, 8)
+        sms = device_sms
+    elif rows <= 128:
+        bm = 64 if rows <= 64 else 128
+        bn, bk, warps, stages, group = 64, 128, 4, 4, 8
+        sms = device_sms
+    else:
+        bm, bk, warps, stages, group = 128, 64, 8, 3, 8
+        bn = 256 if -(-rows // 128) * -(-cols // 256) >= 2 * device_sms else 128
+        sms = device_sms
+    return dataclasses.replace(
+        config,
+        block_m=config.block_m or bm,
+        block_n=config.block_n or bn,
+        block_k=config.block_k or bk,
+        group_m=config.group_m or group,
+        num_warps=config.num_warps or warps,
+        num_stages=config.num_stages or stages,
+        num_sms=min(config.num_sms or sms, MAX_PROGRAMS),
+        comm_sms=1 if interpreted else (config.comm_sms or 16),
+    )

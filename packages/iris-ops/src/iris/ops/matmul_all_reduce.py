@@ -1,0 +1,79 @@
+"""``matmul_all_reduce``: ``out = sum over ranks of a_r @ b_r (+ bias)`` on every rank.
+
+The tensor-parallel row-parallel layer: K is sharded, every rank holds ``a_r`` (M, K) and
+``b_r`` (K, N) and the sum of the partial products is needed everywhere. The output tiles
+are owned chunk by chunk (along M, or along N for short M); each rank pushes its partial
+tiles of the other chunks into their owners' workspaces as soon as they are computed, the
+owner adds them to its own partial, adds the bias, and stores the tile into every rank's
+output (see ``_reduce.py``). Communication overlaps the GEMM: a partial tile is in flight
+while the next one is computed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from iris.ccl import Work
+
+from . import _host, _reduce
+from .config import Config
+from .workspace import Workspace
+
+
+def choose_split(m: int, n: int, size: int, cfg: Config) -> bool:
+    """Whether to own chunks along N (True) or M: whichever wastes fewer tile rows/columns
+    when cut into ``size`` chunks (along N for decode shapes, where M is a few rows)."""
+    if cfg.split != "auto":
+        return cfg.split == "n"
+
+    def waste(extent: int, block: int) -> float:
+        chunk = _host.cdiv(extent, size)
+        return size * _host.cdiv(chunk, block) * block / max(extent, 1)
+
+    return waste(n, cfg.block_n) < waste(m, cfg.block_m)
+
+
+def matmul_all_reduce(
+    out: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    group=None,
+    async_op: bool = False,
+    config: Config | None = None,
+    workspace: Workspace | None = None,
+) -> Work | None:
+    """``out = all_reduce(a @ b) + bias`` over the ranks of ``group``, in one kernel.
+
+    Shapes: ``a`` is this rank's ``(M, K)`` (its slice of the K dimension), ``b`` its
+    ``(K, N)``, ``out`` is ``(M, N)`` and, on return, the same on every rank; ``bias`` is
+    ``(N,)`` or None, the same on every rank, added once. Any M, N, K, the same on every
+    rank. bf16, fp16 or fp32 (tf32), all the same; partial products are exchanged in that
+    dtype and summed in fp32.
+
+    :param group: torch.distributed group, or None for the world.
+    :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
+    :param config: a :class:`Config` (``split`` picks the ownership dimension); None picks
+        the best known for the shape.
+    :param workspace: a :class:`Workspace` to reuse across calls; None keeps one per
+        signature internally.
+
+    Peers store into ``out`` directly when it is a contiguous tensor on a symmetric heap
+    spanning ``group``; any other ``out`` is written through the workspace and copied.
+    """
+    op = "matmul_all_reduce"
+    _host.check_operands(op, out, a, b, bias)
+    ranks, index = _host.group_position(group)
+    m, _, n = _host.matmul_dims(op, a, b)
+    _host.check_shape(op, out, (m, n), "a's rows, b's columns")
+    _host.check_bias(op, bias, n)
+    size = len(ranks)
+    cfg = _host.resolve(m, n, a, config)
+    split_n = choose_split(m, n, size, cfg)
+    chunk = (m, _host.cdiv(n, size)) if split_n else (_host.cdiv(m, size), n)
+    _reduce.run(
+        op, out, a, b, bias, split_n=split_n, chunk=chunk, all_reduce=True,
+        ranks=ranks, index=index, cfg=cfg, workspace=workspace, group=group,
+    )  # fmt: skip
+    return _host.finish(a.device, async_op)

@@ -1,0 +1,180 @@
+"""``Workspace``: the heap buffers and flags a fused op keeps between calls.
+
+A workspace is prepared by the first call that uses it (collectively: every rank of the
+group makes the same call) and bound to that call's signature: the op, the group, the
+shapes, the dtype, the resolved :class:`~iris.ops.Config` and the heap. Later calls with
+the same signature reuse it as it is: they allocate nothing and reset nothing (flags hold
+call generations, see ``_sync.py``), so they can be captured in a CUDA graph and replayed.
+
+Its buffers live on the heap of the op's output when that output is on a symmetric heap
+spanning exactly the group (the op then writes peers' outputs in place); otherwise on a
+heap the workspace makes for itself, sized to fit, and released by :meth:`Workspace.close`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+import iris.mem
+from iris.mem import SymmetricHeap
+
+from ._sync import STATE_WORDS
+from .config import MAX_PROGRAMS
+
+#: Every prepared workspace of this process (for :func:`check_errors`).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+#: Workspaces the ops keep for calls that pass none, by signature.
+_IMPLICIT: dict[tuple, Workspace] = {}
+_ALIGN = 256
+_STATUS_WORDS = 4
+
+
+class Workspace:
+    """Reusable state of one fused op: buffers and flags on a symmetric heap.
+
+    Pass the same ``Workspace()`` to every call of one op with the same shapes, dtype,
+    group and config; the first call prepares it. A call whose signature differs raises
+    ``ValueError`` (make another workspace for it). Ops called without ``workspace=`` keep
+    one per signature themselves (see :func:`release_workspaces`).
+
+    Attributes: ``heap`` (the heap holding the buffers, None until prepared), ``op`` (the
+    op it serves), ``buffers`` (name -> tensor).
+    """
+
+    def __init__(self) -> None:
+        self.op: str | None = None
+        self.heap: SymmetricHeap | None = None
+        self.buffers: dict[str, torch.Tensor] = {}
+        self._signature: tuple | None = None
+        self._owns_heap = False
+
+    @property
+    def prepared(self) -> bool:
+        """Whether a call has prepared the workspace (and it is not closed)."""
+        return self._signature is not None and self.heap is not None and not self.heap.closed
+
+    def close(self) -> None:
+        """Release the workspace (and its heap, when it made one). Collective when it made a
+        heap: every rank closes its workspace. A closed workspace can be prepared again."""
+        if self._owns_heap and self.heap is not None:
+            self.heap.close()
+        self.heap, self.buffers, self._signature, self.op, self._owns_heap = None, {}, None, None, False
+        _LIVE.discard(self)
+
+    def check(self) -> None:
+        """Raise the wait timeout a kernel of this workspace recorded, if any (reads device
+        memory: call it after synchronising on GPUs)."""
+        status = self.buffers.get("status")
+        if status is None:
+            return
+        code, rank, peer, address = (int(v) for v in status.tolist())
+        if code:
+            status.zero_()
+            raise iris.mem.DeviceWaitTimeout(
+                f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} (flag at {address:#x}) "
+                f"after IRIS_SPIN_LIMIT={iris.mem.spin_limit()} spins; every rank of the group must call the "
+                "same op with the same shapes. The workspace is no longer consistent: close it and use a "
+                "new one"
+            )
+
+    def __repr__(self) -> str:
+        if not self.prepared:
+            return "Workspace(unprepared)"
+        nbytes = sum(t.numel() * t.element_size() for t in self.buffers.values())
+        return f"Workspace(op={self.op!r}, {nbytes} bytes on {self.heap!r})"
+
+
+def _describe(signature: tuple) -> str:
+    names = ("op", "group ranks", "shapes", "dtype", "config", "heap")
+    return ", ".join(f"{n}={v!r}" for n, v in zip(names, signature))
+
+
+def acquire(
+    workspace: Workspace | None,
+    signature: tuple,
+    heap: SymmetricHeap | None,
+    group,
+    group_size: int,
+    device: torch.device,
+    specs: Sequence[tuple[str, int, torch.dtype]],
+) -> Workspace:
+    """The workspace to run a call with ``signature`` on, prepared if needed.
+
+    :param workspace: the caller's workspace, or None for the op's own one per signature.
+    :param heap: the heap to allocate on (the output's), or None to make one.
+    :param specs: ``(name, elements, dtype)`` of the op's buffers; flags (int32) are zeroed.
+    """
+    if workspace is None:
+        workspace = _IMPLICIT.get(signature)
+        if workspace is None or not workspace.prepared:
+            workspace = _IMPLICIT[signature] = Workspace()
+    elif not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace must be an iris.ops.Workspace or None, got {type(workspace).__name__}")
+    if workspace.prepared:
+        if workspace._signature != signature:
+            raise ValueError(
+                f"this workspace was prepared for {_describe(workspace._signature)}; this call has "
+                f"{_describe(signature)}. Use one workspace per op and signature"
+            )
+        return workspace
+    _prepare(workspace, signature, heap, group, group_size, device, specs)
+    return workspace
+
+
+def _prepare(workspace, signature, heap, group, group_size, device, specs) -> None:
+    sync_specs = [
+        ("members", group_size, torch.int32),
+        ("sync_flags", MAX_PROGRAMS * group_size, torch.int32),
+        ("epochs", MAX_PROGRAMS, torch.int32),
+        ("status", _STATUS_WORDS, torch.int64),
+        ("state", STATE_WORDS, torch.int32),
+    ]
+    every = sync_specs + list(specs)
+    owns = heap is None
+    if owns:
+        nbytes = sum(-(-max(n, 1) * dt.itemsize // _ALIGN) * _ALIGN for _, n, dt in every) + (64 << 10)
+        heap = iris.mem.init(nbytes, backend="cuda" if device.type == "cuda" else "cpu", group=group)
+    buffers: dict[str, torch.Tensor] = {}
+    try:
+        for name, numel, dtype in every:
+            if dtype in (torch.int32, torch.int64):
+                buffers[name] = heap.zeros(max(numel, 1), dtype=dtype)
+            else:
+                buffers[name] = heap.empty(max(numel, 1), dtype=dtype)
+    except MemoryError as e:
+        if owns:
+            heap.close()
+        raise MemoryError(
+            f"{e}. iris.ops keeps its workspace on the heap of the output tensor when the output is on a "
+            "symmetric heap; make that heap larger, or pass an output that is not on a heap"
+        ) from None
+    # Members are the group's heap ranks: the heap spans exactly the group, in group order.
+    buffers["members"].copy_(torch.arange(group_size, dtype=torch.int32))
+    heap.barrier()  # every rank's flags are zero before any peer can signal them
+    workspace.op, workspace.heap, workspace.buffers = signature[0], heap, buffers
+    workspace._signature, workspace._owns_heap = signature, owns
+    _LIVE.add(workspace)
+
+
+def release_workspaces() -> None:
+    """Close the workspaces the ops keep for calls made without ``workspace=`` (collective:
+    every rank calls it). Also runs at interpreter exit through the heaps' finalizers."""
+    for workspace in list(_IMPLICIT.values()):
+        workspace.close()
+    _IMPLICIT.clear()
+
+
+def check_errors() -> None:
+    """Raise the first wait timeout any fused op of this process recorded.
+
+    On the CPU backend ops raise by themselves; on GPUs kernels only record the timeout, so
+    call this after a synchronisation point (it synchronises the devices itself).
+    """
+    for workspace in list(_LIVE):
+        if workspace.prepared:
+            if workspace.heap.device.type == "cuda":
+                torch.cuda.synchronize(workspace.heap.device)
+            workspace.check()
