@@ -293,17 +293,19 @@ class HeapTracing:
         return out
 
     def _rank_metadata(self, stats: dict[str, Any]) -> dict[str, Any]:
+        device: dict[str, Any] = {"device": str(self._device)}
         if self._device.type == "cuda":
-            device_name = torch.cuda.get_device_name(self._device)
+            props = torch.cuda.get_device_properties(self._device)
+            device.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
+                          sm_count=props.multi_processor_count)  # fmt: skip
         else:
-            device_name = platform.processor() or platform.machine()
+            device.update(device_name=platform.processor() or platform.machine(), sm_count=0)
         assert self._clock0 is not None
         return {
             "rank": self._comm.rank,
             "host": socket.gethostname(),
             "backend": self._backend,
-            "device": str(self._device),
-            "device_name": device_name,
+            **device,
             "heap_base": hex(self._heap_base),
             "heap_size": self._heap_size,
             "clock": {"host_ns": self._clock0[0], "device_ns": self._clock0[1], "origin_ns": self._origin_ns},
