@@ -6,10 +6,14 @@ OLD_MODULES = {
     "iris.device.triton": "iris.mem.triton",
     "iris.device.triton.context": "iris.mem.triton.context",
     "iris.device.triton.ops": "iris.mem.triton.ops",
+    "iris.device.triton.tracing": "iris.mem.triton.tracing",
+    "iris.device.utils": "iris.mem.utils",
 }
 
 #: (old module, old name, canonical dotted name of the object).
 OLD_NAMES = [
     ("iris.device.triton", "DeviceContext", "iris.mem.triton.Context"),
     ("iris.device.triton.context", "DeviceContext", "iris.mem.triton.Context"),
+    ("iris.device.triton", "DeviceTracing", "iris.mem.triton.Tracing"),
+    ("iris.device.triton.tracing", "DeviceTracing", "iris.mem.triton.Tracing"),
 ]

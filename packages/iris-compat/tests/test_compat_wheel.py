@@ -62,8 +62,8 @@ with warnings.catch_warnings(record=True) as caught:
         shim = importlib.import_module(old)
         assert shim.__file__.startswith(PREFIX), shim.__file__
     for old, name, new in {OLD_NAMES!r}:
-        module, _, new_name = new.rpartition(".")
-        assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(module), new_name)
+        module, _, attr = new.rpartition(".")
+        assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(module), attr)
 assert caught and all(issubclass(w.category, DeprecationWarning) for w in caught)
 print("iris.device OK from", importlib.import_module("iris.device").__file__)
 """
@@ -73,8 +73,9 @@ def test_compat_wheel_adds_iris_device_to_an_iris_mem_install(tmp_path):
     if _run(sys.executable, "-c", "import hatchling").returncode != 0:
         pytest.fail("building the wheels needs hatchling in the test environment (it is in nox's TEST_DEPS)")
     wheels = tmp_path / "wheels"
+    packages = (ROOT / "packages/iris-mem", ROOT / "packages/iris-compat")
     _check(_run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                "--wheel-dir", wheels, ROOT / "packages/iris-mem", ROOT / "packages/iris-compat"))  # fmt: skip
+                "--wheel-dir", wheels, *packages))  # fmt: skip
     mem_wheel, compat_wheel = (next(wheels.glob(f"{d}-*.whl")) for d in ("iris_mem", "iris_compat"))
     names = zipfile.ZipFile(compat_wheel).namelist()
     outside = [n for n in names if not n.startswith("iris/device/") and ".dist-info/" not in n]
