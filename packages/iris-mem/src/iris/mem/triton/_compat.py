@@ -7,7 +7,7 @@ import functools
 from triton.language.core import _aggregate
 from triton.runtime.jit import constexpr_function
 
-__all__ = ["aggregate", "constexpr_function"]
+__all__ = ["aggregate", "constexpr_function", "jit_methods_of"]
 
 
 class _BoundInterpreted:
@@ -39,3 +39,32 @@ def aggregate(cls):
         elif isinstance(member, InterpretedFunction):
             setattr(out, name, _BoundInterpreted(member))
     return out
+
+
+def jit_methods_of(source, exclude=("initialize",)):
+    """Class decorator (under :func:`aggregate`): give the class every ``@triton.jit``
+    method of the aggregate ``source`` except ``exclude``, as the same function objects.
+
+    A ``@triton.jit`` function called from a Gluon kernel compiles with Gluon's semantics,
+    so the Gluon aggregates of :mod:`iris.mem.gluon` share the Triton ones' methods this
+    way instead of copying them; methods added to ``source`` later are shared too.
+    """
+    from triton.runtime.jit import JITCallable
+
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover - Triton without an interpreter
+        InterpretedFunction = JITCallable  # noqa: N806
+
+    def decorate(cls):
+        for name in dir(source):
+            member = getattr(source, name)
+            if (
+                name not in exclude
+                and not name.startswith("__")
+                and isinstance(member, (JITCallable, InterpretedFunction))
+            ):
+                setattr(cls, name, member)
+        return cls
+
+    return decorate

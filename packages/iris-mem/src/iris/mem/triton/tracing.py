@@ -67,21 +67,27 @@ def footprint(pointer, mask=None):
     :param mask: active lanes (broadcast like ``tl.load`` does), or None for all.
     :returns: the lowest active address (0 when no lane is active) and the number of
         active lanes times the element size in bytes.
+
+    Only elementwise ops and full reductions, no new blocks: Gluon kernels (explicit
+    layouts) compile it too, so :class:`iris.mem.gluon.Tracing` records with it.
     """
     if pointer is None:
-        lowest = tl.full([], 0, tl.int64)
-        nbytes = tl.full([], 0, tl.int64)
+        lowest = tl.cast(0, tl.int64)
+        nbytes = tl.cast(0, tl.int64)
     else:
         element_bytes: tl.constexpr = (pointer.dtype.element_ty.primitive_bitwidth + 7) // 8
-        # "+ zeros([1])" gives a scalar pointer one lane, so ravel and the reductions apply.
-        address = pointer.to(tl.int64) + tl.zeros([1], dtype=tl.int64)
+        address = pointer.to(tl.int64)
         if mask is None:
-            lanes = tl.full([], address.numel, tl.int64)
-            lowest = tl.min(tl.ravel(address), axis=0)
+            lanes = tl.cast(address.numel, tl.int64)
+            lowest = address
         else:
-            active = tl.where(mask, tl.full(address.shape, 1, tl.int64), 0)
-            lanes = tl.sum(tl.ravel(active), axis=0)
-            lowest = tl.min(tl.ravel(tl.where(mask, address, _NO_ADDRESS)), axis=0)
+            lanes = tl.where(mask, address * 0 + 1, 0)  # the mask broadcast over the block
+            lowest = tl.where(mask, address, _NO_ADDRESS)
+        if lowest.type.is_block():
+            lowest = tl.min(lowest)
+            if mask is not None:
+                lanes = tl.sum(lanes)
+        if mask is not None:
             lowest = tl.where(lanes > 0, lowest, 0)
         nbytes = lanes * element_bytes
     return lowest, nbytes
