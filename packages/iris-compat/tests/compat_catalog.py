@@ -7,6 +7,9 @@ OLD_MODULES = {
     "iris.device.triton.context": "iris.mem.triton.context",
     "iris.device.triton.ops": "iris.mem.triton.ops",
     "iris.device.triton.tracing": "iris.mem.triton.tracing",
+    "iris.device.gluon": "iris.mem.gluon",
+    "iris.device.gluon.context": "iris.mem.gluon.context",
+    "iris.device.gluon.tracing": "iris.mem.gluon.tracing",
     "iris.device.utils": "iris.mem.utils",
 }
 
@@ -16,4 +19,8 @@ OLD_NAMES = [
     ("iris.device.triton.context", "DeviceContext", "iris.mem.triton.Context"),
     ("iris.device.triton", "DeviceTracing", "iris.mem.triton.Tracing"),
     ("iris.device.triton.tracing", "DeviceTracing", "iris.mem.triton.Tracing"),
+    ("iris.device.gluon", "IrisDeviceCtx", "iris.mem.gluon.Context"),
+    ("iris.device.gluon.context", "IrisDeviceCtx", "iris.mem.gluon.Context"),
+    ("iris.device.gluon", "GluonDeviceTracing", "iris.mem.gluon.Tracing"),
+    ("iris.device.gluon.tracing", "GluonDeviceTracing", "iris.mem.gluon.Tracing"),
 ]

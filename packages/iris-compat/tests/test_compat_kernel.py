@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import triton
 
-with pytest.warns(DeprecationWarning, match="iris.device.triton"):
+with pytest.warns(DeprecationWarning, match="iris.device"):
     import compat_legacy_kernels as legacy
 
 import iris.mem
@@ -39,8 +39,9 @@ def _pattern(dtype: torch.dtype, rank: int) -> torch.Tensor:
     return ((torch.arange(N) * 7 + rank * 31) % 251 - 100).to(dtype)
 
 
-def _exchange(rank: int, world: int) -> list[str]:
-    """Run the legacy kernel once per dtype; return what this rank found wrong."""
+def _exchange(rank: int, world: int, dialect: str) -> list[str]:
+    """Run the ``dialect`` ("triton" or "gluon") legacy kernel once per dtype; return what
+    this rank found wrong."""
     heap = iris.mem.init(1 << 20)
     failures = []
     try:
@@ -51,19 +52,30 @@ def _exchange(rank: int, world: int) -> list[str]:
             dst, got = heap.full((N,), -1, dtype=dtype), heap.full((N,), -1, dtype=dtype)
             bufs.append((dtype, src, dst, got, heap.zeros(1, dtype=torch.int32)))
         heap.barrier()
+        context = heap.get_device_context()
         for _, src, dst, got, arrivals in bufs:
-            legacy.legacy_exchange_kernel[GRID](
-                heap.get_device_context(), src, dst, got, arrivals, N, rank, world, BLOCK=BLOCK
-            )
+            if dialect == "triton":
+                legacy.legacy_exchange_kernel[GRID](
+                    context, src, dst, got, arrivals, N, rank, world, BLOCK=BLOCK
+                )
+            else:
+                legacy.legacy_gluon_exchange_kernel[GRID](
+                    context, src, dst, arrivals, N, BLOCK=BLOCK, num_warps=1
+                )
         heap.barrier()
-        for dtype, src, dst, got, arrivals in bufs:
+        checks = {"store into dst": 2, "__translate + load": 3}
+        if dialect == "gluon":  # the Gluon kernel has no __translate part
+            del checks["__translate + load"]
+        for buf in bufs:
+            dtype, src, arrivals = buf[0], buf[1], buf[4]
             # The oracle: every rank's source, as torch.distributed gathers it.
             gathered = [torch.empty(N, dtype=torch.int32) for _ in range(world)]
             dist.all_gather(gathered, src.cpu().to(torch.int32))
             want = gathered[left].to(dtype)
-            for what, t in (("store into dst", dst), ("__translate + load", got)):
-                if not torch.equal(t.cpu(), want):
-                    bad = (t.cpu() != want).nonzero().flatten().tolist()
+            for what, index in checks.items():
+                got = buf[index].cpu()
+                if not torch.equal(got, want):
+                    bad = (got != want).nonzero().flatten().tolist()
                     failures.append(f"{dtype} {what}: {len(bad)} wrong elements, first at {bad[0]}")
             if arrivals.item() != GRID[0]:
                 failures.append(f"{dtype} atomic_add: {arrivals.item()} arrivals, want {GRID[0]}")
@@ -72,31 +84,47 @@ def _exchange(rank: int, world: int) -> list[str]:
     return failures
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("world", [2, 3])
-def test_legacy_kernel_runs(world):
+def _run_exchange(world: int, dialect: str) -> None:
     if BACKEND == "cuda" and torch.cuda.device_count() < world:
         pytest.skip(f"a world of {world} ranks needs {world} GPUs")
-    results = run_world(_exchange, world, timeout=240)
+    results = run_world(_exchange, world, dialect, timeout=240)
     assert results == [[]] * world, "\n".join(f for r in results for f in r)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 3])
+def test_legacy_kernel_runs(world):
+    _run_exchange(world, "triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(BACKEND != "cuda", reason="Gluon kernels need the cuda backend (no interpreter)")
+def test_legacy_gluon_kernel_runs():
+    _run_exchange(2, "gluon")
+
+
 def _compile_child() -> dict:
-    """In a fresh interpreter without TRITON_INTERPRET: compile the kernel for sm_90."""
+    """In a fresh interpreter without TRITON_INTERPRET: compile both kernels for sm_90;
+    returns the atomics of each one's PTX and whether it produced a cubin."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = legacy.legacy_exchange_kernel
     sig = {"context": "*i64", "src": "*fp32", "dst": "*fp32", "got": "*fp32", "arrivals": "*i32", "n": "i32"}
-    sig.update({name: "constexpr" for name in fn.arg_names if name not in sig})
-    src = ASTSource(fn, sig, constexprs={"RANK": 1, "WORLD": 3, "BLOCK": BLOCK})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-    ptx = k.asm["ptx"]
-    return {"atoms": [ln.strip() for ln in ptx.splitlines() if "atom." in ln or "red." in ln],
-            "cubin": bool(k.asm.get("cubin"))}  # fmt: skip
+    result = {}
+    for fn, source, consts, warps in (
+        (legacy.legacy_exchange_kernel, ASTSource, {"RANK": 1, "WORLD": 3, "BLOCK": BLOCK}, 4),
+        (legacy.legacy_gluon_exchange_kernel, GluonASTSource, {"BLOCK": BLOCK}, 1),
+    ):
+        fn_sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}
+        k = triton.compile(source(fn, fn_sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": warps})  # fmt: skip
+        atoms = [ln.strip() for ln in k.asm["ptx"].splitlines() if "atom." in ln or "red." in ln]
+        result[fn.__name__] = {"atoms": atoms, "cubin": bool(k.asm.get("cubin"))}
+    return result
 
 
-def test_legacy_kernel_compiles_for_hopper():
+def test_legacy_kernels_compile_for_hopper():
     from triton.backends import backends
 
     if "nvidia" not in backends:
@@ -118,5 +146,7 @@ def test_legacy_kernel_compiles_for_hopper():
         f"compile child failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     )
     result = json.loads(lines[-1][len("@@RESULT@@") :])
-    assert result["cubin"]
-    assert any(".release" in a and ".sys" in a for a in result["atoms"]), result["atoms"]
+    assert set(result) == {"legacy_exchange_kernel", "legacy_gluon_exchange_kernel"}
+    for name, kernel in result.items():
+        assert kernel["cubin"], name
+        assert any(".release" in a and ".sys" in a for a in kernel["atoms"]), (name, kernel["atoms"])

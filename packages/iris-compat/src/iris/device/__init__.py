@@ -10,4 +10,4 @@ naming the new import; see the migration guide (``docs/migration.md``).
 from . import _shim
 from ._version import __version__ as __version__
 
-_shim.alias(globals(), "iris.mem", submodules=("triton", "utils"), keep=("__version__",))
+_shim.alias(globals(), "iris.mem", submodules=("triton", "gluon", "utils"), keep=("__version__",))
