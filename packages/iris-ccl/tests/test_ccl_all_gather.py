@@ -11,13 +11,23 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
+from ccl_testutils import (
+    BACKEND,
+    DTYPES,
+    SIZES,
+    device,
+    dtype_name,
+    make_input,
+    mismatch,
+    require_world,
+    setup_rank,
+)
 
 from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-VARIANTS = ("push", "pull")
+VARIANTS = ("push", "pull") + (("gluon",) if BACKEND == "cuda" else ())  # Gluon: GPUs only
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
 

@@ -5,7 +5,9 @@ Python (``IRIS_BACKEND=cuda``, no ``TRITON_INTERPRET``) imports every module und
 ``iris.ccl``, finds every module-level ``@triton.jit`` function whose name ends with
 ``_kernel``, builds a signature for it from its parameter names, and compiles it with
 ``triton.compile(ASTSource(...))`` for ``GPUTarget("cuda", 90, 32)`` (TTIR -> PTX -> ptxas
--> cubin) under a few profiles (dtype, group size, op, ...).
+-> cubin) under a few profiles (dtype, group size, op, ...). Gluon kernels (``@gluon.jit``,
+which never run without a GPU) go through ``GluonASTSource`` the same way, and their PTX is
+checked for 16-byte vector stores and system-scope release/acquire flags.
 
 Discovery is generic, so collectives added later are compiled too. A parameter name the
 tables below do not know FAILS the test with the kernel and the names (add them to the
@@ -163,10 +165,11 @@ def discover() -> tuple[list[tuple[str, object]], list[str]]:
 def _compile(fn, sig: dict, constexprs: dict, aligned: list[str]):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     names = list(fn.arg_names)
     attrs = {(names.index(a),): ALIGNED for a in aligned}
-    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    src = (GluonASTSource if fn.is_gluon() else ASTSource)(fn, sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32))
 
 
@@ -192,6 +195,21 @@ def _check_sys_ordering(ptx: str) -> list[str]:
     if not any(".sys" in a for a in _acquires(ptx)):
         problems.append(f"no acquire atomic or load at .sys scope: {sorted(set(_acquires(ptx)))[:6]}")
     return problems
+
+
+def _thread_bytes(profile: dict, num_warps: int = 4) -> int:
+    """Bytes of a BLOCK tile per thread (triton.compile's default of 4 warps): a Gluon
+    kernel can give each thread a 16-byte vector only when the tile holds that many."""
+    itemsize = {"fp32": 4, "bf16": 2, "fp16": 2, "int32": 4}[profile["dtype"]]
+    return profile["BLOCK"] * itemsize // (32 * num_warps)
+
+
+def _check_vector_stores(ptx: str) -> list[str]:
+    """Problems with a Gluon all-gather's data path: it must store 16-byte vectors."""
+    stores = [ln.strip() for ln in ptx.splitlines() if re.search(r"\bst\.global\.", ln)]
+    if not any(re.search(r"\.v4\.b32|\.v2\.b64", ln) for ln in stores):
+        return [f"no 16-byte vector store (st.global.v4.b32 / .v2.b64): {sorted(set(stores))[:6]}"]
+    return []
 
 
 def child_main() -> dict:
@@ -232,8 +250,10 @@ def child_main() -> dict:
                 continue
             if not k.asm.get("cubin"):
                 failures.append(f"{what}: no cubin")
-            if qualname.startswith("iris.ccl.all_reduce."):
+            if qualname.startswith("iris.ccl.all_reduce.") or fn.is_gluon():
                 failures += [f"{what}: {p}" for p in _check_sys_ordering(k.asm["ptx"])]
+            if fn.is_gluon() and _thread_bytes(profile) >= 16:
+                failures += [f"{what}: {p}" for p in _check_vector_stores(k.asm["ptx"])]
             compiled[qualname] = compiled.get(qualname, 0) + 1
         if unknown_all:
             failures.append(
@@ -245,6 +265,7 @@ def child_main() -> dict:
     return {
         "failures": failures,
         "kernels": [q for q, _ in kernels],
+        "gluon": [q for q, fn in kernels if fn.is_gluon()],
         "compiled": compiled,
         "control": control,
     }
@@ -308,6 +329,21 @@ def test_all_reduce_kernels_use_sys_scope_release_acquire():
     ordering = [f for f in result["failures"] if "scope" in f and "iris.ccl.all_reduce." in f]
     assert ordering == [], "\n".join(ordering)
     assert sum(1 for k in result["compiled"] if k.startswith("iris.ccl.all_reduce.")) >= 4
+
+
+def test_gluon_all_gather_compiles_with_vector_stores_and_sys_flags():
+    """The Gluon all-gather went through Gluon's pipeline for every profile, with 16-byte
+    vector stores and release/acquire flags at system scope (checked in the child)."""
+    result = _result()
+    assert "iris.ccl.gluon.all_gather._push_kernel" in result["gluon"], result["gluon"]
+    gluon = [f for f in result["failures"] if any(f.startswith(q) for q in result["gluon"])]
+    assert gluon == [], "\n".join(gluon)
+
+
+def test_vector_store_check_catches_scalar_stores():
+    """Negative control of the vector check: scalar stores only fail it."""
+    assert len(_check_vector_stores("@%p1 st.global.b32 [ %rd1 + 0 ], { %r1 };")) == 1
+    assert _check_vector_stores("@%p1 st.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };") == []
 
 
 def test_unknown_parameters_are_reported():

@@ -10,6 +10,8 @@ Variants (``Config.variant``):
 * ``pull``: after a start barrier (every input is ready) each rank loads the tile of every
   member's input into its own output; an end barrier keeps the inputs unchanged until
   every member has read them. Needs the input on the heap; the output is written locally.
+* ``gluon``: ``push`` written in Gluon with an explicit layout, so remote stores are
+  16-byte vectors per thread (:mod:`iris.ccl.gluon.all_gather`). Needs the ``cuda`` backend.
 
 Both move ``(G-1)`` tiles per tile per rank. A message larger than one launch covers is
 split into the same sub-range of every rank's chunk per launch.
@@ -25,6 +27,7 @@ from iris.mem.triton import Context
 
 from . import _host
 from .config import Config
+from .gluon.all_gather import _push_kernel as _gluon_push_kernel
 from .triton import Group, tiles
 from .work import Work
 
@@ -53,7 +56,7 @@ def _pull_kernel(
     tiles.all_gather_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank)
 
 
-_KERNELS = {"push": _push_kernel, "pull": _pull_kernel}
+_KERNELS = {"push": _push_kernel, "pull": _pull_kernel, "gluon": _gluon_push_kernel}
 
 
 def all_gather(
@@ -73,7 +76,7 @@ def all_gather(
     :param inp: this rank's contribution; any shape, contiguous or not.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
-    :param config: a :class:`Config` (variants ``push``, ``pull``); None picks by size.
+    :param config: a :class:`Config` (variants ``push``, ``pull``, ``gluon``); None picks by size.
 
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers.
@@ -98,7 +101,7 @@ def all_gather(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    push = cfg.variant == "push"
+    push = cfg.variant != "pull"  # gluon pushes too
     # Staged, one launch covers `length` elements of every member's chunk in the staging
     # buffer (push: size * length outputs; pull: length inputs).
     per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)

@@ -7,7 +7,7 @@ import dataclasses
 #: Variants each collective accepts ("auto" picks from the table).
 VARIANTS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock"),
-    "all_gather": ("auto", "push", "pull"),
+    "all_gather": ("auto", "push", "pull", "gluon"),
     "reduce_scatter": ("auto", "push", "pull"),
     "all_to_all": ("auto", "push", "pull"),
 }
@@ -67,6 +67,11 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
     config = config or Config()
     config.check_variant(collective)
     variant = config.variant
+    if variant == "gluon" and interpreted:
+        raise RuntimeError(
+            f"{collective}: Config(variant='gluon') needs the cuda backend: Gluon kernels compile for "
+            "NVIDIA GPUs only and do not run in Triton's interpreter (the cpu backend); use another variant"
+        )
     if variant == "auto":
         if collective == "all_reduce":
             variant = "one_shot" if nbytes <= (256 << 10) or world_size <= 2 else "two_shot"

@@ -42,10 +42,11 @@ def group_sync(ctx, members, flags, epochs, status, budget, slot, GROUP: tl.cons
 @triton.jit
 def record_timeout(status, rank, peer, flag):
     """Record ``[TIMEOUT, rank, peer, flag address]`` in ``status`` unless an error is
-    already recorded there (the host raises it as ``DeviceWaitTimeout``)."""
-    code = tl.full([], 1, tl.int64)
+    already recorded there (the host raises it as ``DeviceWaitTimeout``). Scalars are made
+    with ``tl.cast`` (no layout needed), so Gluon kernels compile this too."""
+    code = tl.cast(1, tl.int64)
     if tl.atomic_cas(status, code - 1, code, sem="relaxed", scope="gpu") == 0:
-        tl.store(status + 1, tl.full([], rank, tl.int64))
+        tl.store(status + 1, tl.cast(rank, tl.int64))
         tl.store(status + 2, peer.to(tl.int64))
         tl.store(status + 3, flag.to(tl.int64, bitcast=True))
 
