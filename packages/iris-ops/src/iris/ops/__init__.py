@@ -8,6 +8,7 @@ compute: :func:`matmul_all_reduce`, :func:`all_gather_matmul`, :func:`matmul_all
 """
 
 import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are interpreted
+from iris.ccl import Work
 
 from ._version import __version__
 from .all_gather_matmul import all_gather_matmul
@@ -19,6 +20,7 @@ from .workspace import Workspace, check_errors, release_workspaces
 
 __all__ = [
     "Config",
+    "Work",
     "Workspace",
     "__version__",
     "all_gather_matmul",

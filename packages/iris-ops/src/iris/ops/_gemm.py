@@ -42,14 +42,6 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, acc):
-    if INTERPRETED:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)  # fp32 inputs: tf32 tensor cores
-
-
-@triton.jit
 def _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     if EVEN_K:
         a = tl.load(a_ptrs)
@@ -58,7 +50,10 @@ def _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K: tl.constexpr, EVEN_K: tl.co
         in_k = k * BLOCK_K + tl.arange(0, BLOCK_K) < k_len
         a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
-    return _dot(a, b, acc)
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)  # fp32 inputs: tf32 tensor cores
 
 
 @triton.jit

@@ -89,7 +89,7 @@ def select(
     check_config(config)
     config = config or Config()
     if interpreted:
-        bm, bn, bk, warps, stages, sms, group = 16, 16, 16, 4, 1, 4, 2
+        bm, bn, bk, warps, stages, sms, group = 16, 16, 32, 4, 1, 4, 2
     elif dtype == torch.float32:
         bm, bn, bk, warps, stages, group = (64, 64, 64, 4, 3, 8) if rows <= 64 else (128, 128, 32, 8, 3, 8)
         sms = device_sms
