@@ -87,7 +87,10 @@ class Context:
             recording away.
         """
         heap_bases = context_tensor + HEAP_BASES_OFFSET
-        recorder = Tracing.initialize(heap_bases, rank, world_size, tracing)
+        if tracing:
+            recorder = Tracing.initialize(heap_bases, rank, world_size, tracing)
+        else:  # built here: no device-function call, which the interpreter makes costly
+            recorder = Tracing(False, rank, heap_bases)
         return Context(rank, world_size, heap_bases, recorder)
 
     @triton.jit
@@ -95,22 +98,30 @@ class Context:
         """Pointer(s) into ``to_rank``'s heap at the offset of ``ptr`` in this rank's heap."""
         return ops.translate(ptr, self.rank, to_rank, self.heap_bases, hint)
 
+    # Every method tests ``tracing.enabled`` (a constexpr) itself rather than calling the
+    # recorder unconditionally: compiled, both compile away; in the interpreter a device
+    # function call costs about a millisecond, which the test suites would pay on every op.
+
     @triton.jit
     def load(self, pointer, from_rank, mask=None, other=None, cache_modifier=None, volatile=False, hint=None):
         """Load from ``from_rank``'s heap at the offset of ``pointer``."""
-        event = self.tracing.record_event_start(_LOAD, from_rank, pointer, mask)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_LOAD, from_rank, pointer, mask)
         result = ops.load(
             pointer, self.rank, from_rank, self.heap_bases, mask, other, cache_modifier, volatile, hint
         )
-        self.tracing.record_event_end(event)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
         return result
 
     @triton.jit
     def store(self, pointer, value, to_rank, mask=None, cache_modifier=None, hint=None):
         """Store ``value`` into ``to_rank``'s heap at the offset of ``pointer``."""
-        event = self.tracing.record_event_start(_STORE, to_rank, pointer, mask)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_STORE, to_rank, pointer, mask)
         ops.store(pointer, value, self.rank, to_rank, self.heap_bases, mask, hint, cache_modifier)
-        self.tracing.record_event_end(event)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
 
     @triton.jit
     def get(
@@ -125,7 +136,8 @@ class Context:
         hint=None,
     ):
         """Copy ``from_rank``'s data at ``from_ptr`` into this rank's ``to_ptr``."""
-        event = self.tracing.record_event_start(_GET, from_rank, from_ptr, mask)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_GET, from_rank, from_ptr, mask)
         ops.get(
             from_ptr,
             to_ptr,
@@ -138,7 +150,8 @@ class Context:
             store_cache_modifier,
             hint,
         )
-        self.tracing.record_event_end(event)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
 
     @triton.jit
     def put(
@@ -153,7 +166,8 @@ class Context:
         hint=None,
     ):
         """Copy this rank's data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``."""
-        event = self.tracing.record_event_start(_PUT, to_rank, to_ptr, mask)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_PUT, to_rank, to_ptr, mask)
         ops.put(
             from_ptr,
             to_ptr,
@@ -166,7 +180,8 @@ class Context:
             store_cache_modifier,
             hint,
         )
-        self.tracing.record_event_end(event)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
 
     @triton.jit
     def copy(
@@ -182,7 +197,8 @@ class Context:
         hint=None,
     ):
         """Copy from ``from_rank``'s heap at ``src_ptr`` to ``to_rank``'s at ``dst_ptr``."""
-        event = self.tracing.record_event_start(_COPY, to_rank, dst_ptr, mask, from_rank)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_COPY, to_rank, dst_ptr, mask, from_rank)
         ops.copy(
             src_ptr,
             dst_ptr,
@@ -196,76 +212,95 @@ class Context:
             store_cache_modifier,
             hint,
         )
-        self.tracing.record_event_end(event)
-
-    # Atomics: one recorded event each; ``_atomic`` dispatches on the constexpr kind.
-
-    @triton.jit
-    def _atomic(self, KIND: tl.constexpr, pointer, val, to_rank, mask, sem, scope, hint):
-        event = self.tracing.record_event_start(KIND, to_rank, pointer, mask)
-        if KIND == _ATOMIC_ADD:
-            old = ops.atomic_add(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        elif KIND == _ATOMIC_SUB:
-            old = ops.atomic_sub(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        elif KIND == _ATOMIC_XCHG:
-            old = ops.atomic_xchg(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        elif KIND == _ATOMIC_XOR:
-            old = ops.atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        elif KIND == _ATOMIC_AND:
-            old = ops.atomic_and(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        elif KIND == _ATOMIC_OR:
-            old = ops.atomic_or(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        elif KIND == _ATOMIC_MIN:
-            old = ops.atomic_min(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        else:
-            old = ops.atomic_max(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        self.tracing.record_event_end(event)
-        return old
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
 
     @triton.jit
     def atomic_add(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic add in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_ADD, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_ADD, to_rank, pointer, mask)
+        old = ops.atomic_add(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_sub(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic subtract in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_SUB, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_SUB, to_rank, pointer, mask)
+        old = ops.atomic_sub(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_xchg(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic exchange in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_XCHG, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_XCHG, to_rank, pointer, mask)
+        old = ops.atomic_xchg(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic xor in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_XOR, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_XOR, to_rank, pointer, mask)
+        old = ops.atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_and(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic and in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_AND, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_AND, to_rank, pointer, mask)
+        old = ops.atomic_and(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_or(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic or in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_OR, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_OR, to_rank, pointer, mask)
+        old = ops.atomic_or(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_min(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic minimum in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_MIN, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_MIN, to_rank, pointer, mask)
+        old = ops.atomic_min(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_max(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic maximum in ``to_rank``'s heap; returns the previous value."""
-        return self._atomic(_ATOMIC_MAX, pointer, val, to_rank, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_MAX, to_rank, pointer, mask)
+        old = ops.atomic_max(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_cas(self, pointer, cmp, val, to_rank, sem=None, scope=None, hint=None):
         """Atomic compare-and-swap in ``to_rank``'s heap; returns the previous value."""
-        event = self.tracing.record_event_start(_ATOMIC_CAS, to_rank, pointer)
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_ATOMIC_CAS, to_rank, pointer)
         old = ops.atomic_cas(pointer, cmp, val, self.rank, to_rank, self.heap_bases, sem, scope, hint)
-        self.tracing.record_event_end(event)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
         return old
