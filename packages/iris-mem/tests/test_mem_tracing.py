@@ -13,10 +13,8 @@ tracing, and that ``tracing=True`` reads ``%globaltimer`` and ``%smid``.
 
 import io
 import json
-import logging
 import os
 import struct
-import sys
 
 import pytest
 import torch
@@ -323,11 +321,13 @@ def test_bad_tracing_arguments_raise_clear_errors():
 
 @pytest.fixture
 def iris_log():
-    """Capture the ``iris`` logger's output; restore stderr and the level afterwards."""
+    """Capture the ``iris`` logger's output; restore its stream and level afterwards."""
+    root = log.get_logger(log.ROOT)  # sets the handler up if nothing has yet
+    stream_before, level_before = root.handlers[0].stream, root.level
     stream = io.StringIO()
     log.configure(stream=stream)
     yield stream
-    log.configure(level=logging.WARNING, stream=sys.stderr)
+    log.configure(level=level_before, stream=stream_before)
 
 
 def test_log_lines_carry_rank_and_world(iris_log, monkeypatch):
