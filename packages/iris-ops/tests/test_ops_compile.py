@@ -1,0 +1,286 @@
+"""Every iris.ops kernel compiles for NVIDIA Hopper (sm_90), without a GPU, onto the fast path.
+
+The CPU tier interprets the ops' kernels and never lowers them. Here a fresh Python
+(``IRIS_BACKEND=cuda``, no ``TRITON_INTERPRET``) imports every module under ``iris.ops``,
+finds every module-level ``@triton.jit`` function named ``*_kernel``, and compiles it with
+``triton.compile(ASTSource(...))`` for ``GPUTarget("cuda", 90, 32)`` under the profiles the
+config table picks on an H200 (bf16 prefill, fp16 decode, fp32 via tf32), with arguments
+specialised the way a launch specialises them (unit strides become constants, other
+integers and pointers 16-divisible). Each compiled kernel must use Hopper's tensor cores
+(``wgmma``), pipeline its K loop (``cp.async`` into several shared-memory stages) and
+signal peers with release/acquire at system scope.
+
+A parameter name the tables below do not know fails the test, naming the kernel; no
+kernel is skipped silently.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import triton
+import triton.language as tl
+
+pytestmark = pytest.mark.timeout(600)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET_ARCH = 90
+SMS = 132  # an H200's SMs, for the config table
+
+FIXED = {
+    "context": "*i64",
+    "members": "*i32",
+    "sync_flags": "*i32",
+    "epochs": "*i32",
+    "status": "*i64",
+    "budget": "i32",
+    "state": "*i32",
+    "ready": "*i32",
+}
+DATA_POINTERS = {"a", "b", "bias", "out", "ws"}
+#: Integer arguments: sizes and strides a real launch passes as 16-divisible values.
+SCALARS = {
+    "M",
+    "N",
+    "K",
+    "CM",
+    "CN",
+    "MS",
+    "KS",
+    "stride_am",
+    "stride_bk",
+    "stride_om",
+    "out_chunk_step",
+    "pushers",
+}
+#: Strides of contiguous operands: a launch specialises the value 1 into a constant.
+UNIT_STRIDES = {"stride_ak", "stride_bn", "stride_on"}
+#: (name, dtype, rows, cols of the output tiles, extra constexprs) per profile.
+PROFILES = [
+    (
+        "bf16 prefill",
+        "bf16",
+        8192,
+        8192,
+        {"EVEN_K": True, "HAS_BIAS": True, "SPLIT_N": False, "GATHER_K": False},
+    ),
+    ("fp16 decode", "fp16", 64, 8192, {"EVEN_K": True, "HAS_BIAS": False, "SPLIT_N": True, "GATHER_K": True}),
+    (
+        "fp32 tf32",
+        "fp32",
+        1024,
+        4096,
+        {"EVEN_K": False, "HAS_BIAS": True, "SPLIT_N": False, "GATHER_K": True},
+    ),
+]
+COMMON = {"RANK": 1, "WORLD": 2, "GROUP": 2, "ME": 1, "ALL_REDUCE": True, "ALIGNED": True, "PUSH_K": 128}
+
+
+@triton.jit
+def _unmappable_kernel(context, members, mystery_ptr, M, RANK: tl.constexpr, SECRET: tl.constexpr):
+    """Negative control of the parameter tables: two names no table knows."""
+    tl.store(mystery_ptr + M, RANK + SECRET)
+
+
+# --------------------------------------------------------------------------- child side
+
+
+def signature_for(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, list[str], list[str]]:
+    """(signature, constexpr values, 16-divisible argument names, unknown names) of ``fn``."""
+    sig, values, divisible, unknown = {}, {}, [], []
+    for p in fn.params:
+        name = p.name
+        if p.is_constexpr or name in UNIT_STRIDES:
+            sig[name] = "constexpr"
+            if name in UNIT_STRIDES:
+                values[name] = 1
+            elif name in constexprs:
+                values[name] = constexprs[name]
+            elif p.has_default:
+                values[name] = p.default
+            else:
+                unknown.append(name)
+            continue
+        if name in FIXED:
+            sig[name] = FIXED[name]
+        elif name in DATA_POINTERS:
+            sig[name] = "*" + dtype
+        elif name in SCALARS:
+            sig[name] = "i32"
+        else:
+            unknown.append(name)
+            continue
+        divisible.append(name)
+    return sig, values, divisible, unknown
+
+
+def discover() -> tuple[list[tuple[str, object]], list[str]]:
+    """(qualified name, JITFunction) of every module-level ``*_kernel`` under iris.ops, and
+    the import errors."""
+    import importlib
+    import pkgutil
+    import traceback
+
+    from triton.runtime.jit import JITFunction
+
+    import iris.ops
+
+    kernels, errors = {}, []
+    names = ["iris.ops"] + [m.name for m in pkgutil.walk_packages(iris.ops.__path__, "iris.ops.")]
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - reported as a failure
+            errors.append(f"import {name} failed:\n{traceback.format_exc()[-1500:]}")
+            continue
+        for attr, obj in vars(module).items():
+            if isinstance(obj, JITFunction) and attr.endswith("_kernel"):
+                kernels.setdefault(f"{obj.fn.__module__}.{obj.fn.__name__}", obj)
+    return sorted(kernels.items()), errors
+
+
+def ptx_problems(ptx: str) -> list[str]:
+    """What keeps a compiled fused-op kernel off the fast path, from its PTX."""
+    problems = []
+    if "wgmma.mma_async" not in ptx:
+        problems.append("no wgmma.mma_async: the GEMM does not use Hopper's tensor cores")
+    if "cp.async" not in ptx:
+        problems.append("no cp.async: the K loop is not software-pipelined")
+    atoms = [ln for ln in ptx.splitlines() if re.search(r"\b(atom|red)\.global\.", ln)]
+    if not any(".sys" in a and ".release" in a for a in atoms):
+        problems.append("no release atomic at system scope (peers would not see the data before the flag)")
+    if not re.search(r"\bld\.global\.[a-z.]*sys[a-z.]*acquire|\batom\.global\.[a-z.]*sys[a-z.]*acquire", ptx):
+        problems.append("no acquire load or atomic at system scope")
+    return problems
+
+
+def child_main() -> dict:
+    """{"skip": reason} or {"failures", "kernels", "compiled", "control"}."""
+    try:
+        from triton.backends import backends
+
+        if "nvidia" not in backends:
+            return {"skip": "Triton's NVIDIA backend is not installed"}
+        subprocess.run(
+            [triton.knobs.nvidia.ptxas.path, "--version"], check=True, capture_output=True, timeout=60
+        )
+    except (ImportError, OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return {"skip": f"ptxas for sm_{TARGET_ARCH} is unavailable: {e}"}
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from iris.ops.config import select
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    kernels, failures = discover()
+    compiled: dict[str, int] = {}
+    for qualname, fn in kernels:
+        for label, dtype, rows, cols, extra in PROFILES:
+            cfg = select(rows, cols, dtypes[dtype], SMS, False, None)
+            constexprs = {
+                **COMMON, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                "GROUP_M": cfg.group_m,
+            }  # fmt: skip
+            sig, values, divisible, unknown = signature_for(fn, dtype, constexprs)
+            if unknown:
+                failures.append(f"{qualname}: parameters {unknown} are not in test_ops_compile's tables")
+                break
+            names = list(fn.arg_names)
+            attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
+            what = f"{qualname} ({label}, {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps)"
+            try:
+                k = triton.compile(
+                    ASTSource(fn, sig, constexprs=values, attrs=attrs),
+                    target=GPUTarget("cuda", TARGET_ARCH, 32),
+                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                )
+            except Exception as e:  # noqa: BLE001 - reported with the kernel
+                failures.append(f"{what}: {type(e).__name__}: {e}"[:3000])
+                continue
+            if not k.asm.get("cubin"):
+                failures.append(f"{what}: no cubin")
+            failures += [f"{what}: {p}" for p in ptx_problems(k.asm["ptx"])]
+            itemsize = 4 if dtype == "fp32" else 2
+            stage = (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
+            if k.metadata.shared < 2 * stage:
+                failures.append(
+                    f"{what}: {k.metadata.shared} bytes of shared memory, fewer than 2 stages of {stage}"
+                )
+            compiled[qualname] = compiled.get(qualname, 0) + 1
+    control = sorted(signature_for(_unmappable_kernel, "fp32", COMMON)[3])
+    return {
+        "failures": failures,
+        "kernels": [q for q, _ in kernels],
+        "compiled": compiled,
+        "control": control,
+    }
+
+
+# --------------------------------------------------------------------------- pytest side
+
+_RESULT: dict = {}
+
+
+def _result() -> dict:
+    """One child per session: compiling every kernel is the slow part."""
+    if _RESULT:
+        return _RESULT
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "IRIS_DEBUG")}
+    env["IRIS_BACKEND"] = "cuda"
+    with tempfile.TemporaryDirectory(prefix="iris-ops-compile-") as cache:
+        env["TRITON_CACHE_DIR"] = cache  # compile for real, never from an earlier cache
+        code = (
+            f"import json, sys\nsys.path.insert(0, {HERE!r})\nimport test_ops_compile as m\n"
+            "print('@@RESULT@@' + json.dumps(m.child_main()))\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=540, cwd=HERE
+        )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@RESULT@@")]
+    assert proc.returncode == 0 and lines, f"compile child failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    _RESULT.update(json.loads(lines[-1][len("@@RESULT@@") :]))
+    if "skip" in _RESULT:
+        pytest.skip(_RESULT["skip"])
+    return _RESULT
+
+
+def test_every_ops_kernel_compiles_for_hopper_on_the_fast_path():
+    result = _result()
+    assert result["failures"] == [], f"{len(result['failures'])} failures:\n" + "\n\n".join(
+        result["failures"]
+    )
+    for name in ("_matmul_reduce_kernel", "_matmul_all_gather_kernel", "_all_gather_matmul_kernel"):
+        assert any(k.endswith("." + name) for k in result["kernels"]), (
+            f"{name} not discovered: {result['kernels']}"
+        )
+    for name in result["kernels"]:
+        assert result["compiled"].get(name) == len(PROFILES), (
+            f"{name} compiled {result['compiled'].get(name)} times"
+        )
+
+
+def test_unknown_parameters_are_reported():
+    """Negative control: a kernel with names the tables do not know is reported by name."""
+    assert _result()["control"] == ["SECRET", "mystery_ptr"]
+
+
+def test_ptx_checks_catch_a_slow_kernel():
+    """Negative control of the PTX checks: FMA-only, unpipelined, gpu-scope PTX fails all four."""
+    slow = [
+        "fma.rn.f32 %f1, %f2, %f3;",
+        "ld.global.b32 %r1, [%rd1];",
+        "atom.global.gpu.acq_rel.max.s32 %r2, [%rd2], 1;",
+    ]
+    assert len(ptx_problems("\n".join(slow))) == 4
+    good = [
+        "wgmma.mma_async.sync",
+        "cp.async.cg.shared.global",
+        "atom.global.sys.release.max",
+        "ld.global.sys.acquire",
+    ]
+    assert ptx_problems("\n".join(good)) == []
