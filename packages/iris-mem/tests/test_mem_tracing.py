@@ -430,6 +430,17 @@ def child_main(group: str) -> dict:
     clock = _compile(_read_clock_kernel, {"out": "*i64"}, {})
     if "%globaltimer" not in clock.asm["ptx"] or not clock.asm.get("cubin"):
         fails.append("the clock-calibration kernel does not read %globaltimer")
+    # The kernels the GPU tier launches (user events without an address, scalar pointers).
+    world = {"context": "*i64", "src": "*fp16", "dst": "*fp16", "out": "*fp16", "ids": "*i64",
+             "ids_out": "*i64", "counter": "*i32", "n": "i32"}  # fmt: skip
+    handoff = {"context": "*i64", "data": "*fp32", "flag": "*i32", "n": "i32", "budget": "i32"}
+    for trace in (False, True):
+        consts = {"EXCHANGE": 4096, "MARK": 4097, "TRACE": trace, "RANK": 0, "WORLD": 2, "BLOCK": BLOCK}
+        _compile(_traced_kernel, world, consts)
+    for rank in (0, 1):
+        consts = {"SEND": 4096, "WAIT": 4097, "RANK": rank, "WORLD": 2, "BLOCK": BLOCK}
+        if "%globaltimer" not in _compile(_handoff_kernel, handoff, consts).asm["ptx"]:
+            fails.append(f"hand-off kernel of rank {rank} does not read %globaltimer")
     return {"failures": fails, "report": report}
 
 
