@@ -139,11 +139,9 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
         heap = iris.mem.init(nbytes, backend="cuda" if device.type == "cuda" else "cpu", group=group)
     buffers: dict[str, torch.Tensor] = {}
     try:
-        for name, numel, dtype in every:
-            if dtype in (torch.int32, torch.int64):
-                buffers[name] = heap.zeros(max(numel, 1), dtype=dtype)
-            else:
-                buffers[name] = heap.empty(max(numel, 1), dtype=dtype)
+        for name, numel, dtype in every:  # at least one element each, so every pointer is valid
+            make = heap.zeros if dtype in (torch.int32, torch.int64) else heap.empty
+            buffers[name] = make(max(numel, 1), dtype=dtype)[:numel]
     except MemoryError as e:
         if owns:
             heap.close()

@@ -1,0 +1,159 @@
+"""The iris.ops API contract: bad input gets a clear exception naming the argument, empty
+and K = 0 problems work, a rank that never arrives is reported instead of hanging, and
+``Config`` validates its fields."""
+
+import pytest
+import torch
+from ops_testutils import assert_clean, rand
+
+from iris.mem.testing import run_world
+
+pytestmark = pytest.mark.timeout(300)
+
+OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_all_gather", "matmul_reduce_scatter")
+
+
+def test_config_validates_fields():
+    import iris.ops
+
+    assert iris.ops.Config() == iris.ops.Config(block_m=0, split="auto")
+    for kwargs, text in [
+        (dict(block_m=48), "block_m must be a power of two"),
+        (dict(block_n=512), "block_n must be a power of two"),
+        (dict(block_k=8), "block_k must be a power of two"),
+        (dict(num_warps=3), "num_warps"),
+        (dict(num_stages=9), "num_stages"),
+        (dict(num_sms=5000), "num_sms"),
+        (dict(comm_sms=-1), "comm_sms must be >= 0"),
+        (dict(split="k"), "split"),
+    ]:
+        with pytest.raises(ValueError, match=text):
+            iris.ops.Config(**kwargs)
+    with pytest.raises(TypeError, match="group_m must be an int"):
+        iris.ops.Config(group_m=2.0)
+    with pytest.raises(TypeError):
+        iris.ops.Config(128)  # keyword-only
+
+
+def test_ops_need_torch_distributed():
+    import torch.distributed as dist
+
+    import iris.ops
+
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised in this process")
+    x = torch.zeros(4, 4)
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        iris.ops.matmul_all_reduce(torch.empty(4, 4), x, x)
+
+
+def _expect(errors, exc, text, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc as e:
+        if text not in str(e):
+            errors.append(f"{fn.__name__}: {exc.__name__} without {text!r}: {e}")
+        return
+    except Exception as e:  # noqa: BLE001 - reported
+        errors.append(f"{fn.__name__}: expected {exc.__name__} ({text!r}), got {type(e).__name__}: {e}")
+        return
+    errors.append(f"{fn.__name__}: expected {exc.__name__} ({text!r}), nothing raised")
+
+
+def errors_body(rank, world_size):
+    """Every rejected input of every op, in a world of ``world_size``."""
+    import iris.ops
+
+    bad: list[str] = []
+    g = world_size
+    a, b = rand((8, 6), torch.float32, 1), rand((6, 5), torch.float32, 2)
+    ar, ag, mag, rs = (getattr(iris.ops, op) for op in OPS)
+    _expect(bad, TypeError, "out must be a torch.Tensor", ar, None, a, b)
+    _expect(bad, ValueError, "a must be 2-D", ar, torch.empty(8, 5), a.view(-1), b)
+    _expect(bad, TypeError, "not supported", ar, torch.empty(8, 5, dtype=torch.int32), a.int(), b.int())
+    _expect(bad, TypeError, "b has dtype torch.float16", ar, torch.empty(8, 5), a, b.half())
+    _expect(bad, ValueError, "a's columns must equal b's rows", ar, torch.empty(8, 5), a, b[:5])
+    _expect(bad, ValueError, "out has shape [8, 4], expected [8, 5]", ar, torch.empty(8, 4), a, b)
+    _expect(bad, ValueError, "bias has 4 elements, expected 5", ar, torch.empty(8, 5), a, b, torch.zeros(4))
+    _expect(bad, ValueError, "out overlaps a", ar, a[:, :5], a, b)
+    _expect(bad, TypeError, "config must be an iris.ops.Config", ar, torch.empty(8, 5), a, b, config={})
+    _expect(
+        bad, TypeError, "workspace must be an iris.ops.Workspace", ar, torch.empty(8, 5), a, b, workspace=1
+    )
+    _expect(bad, TypeError, "group must be", ar, torch.empty(8, 5), a, b, group="world")
+    _expect(bad, ValueError, "gather_dim must be 0", ag, torch.empty(8 * g, 5), a, b, gather_dim=2)
+    _expect(bad, ValueError, "b's rows must equal", ag, torch.empty(8, 5), a, b[:5], gather_dim=1)
+    _expect(bad, ValueError, f"expected [{8 * g}, 5]", mag, torch.empty(8 * g + 1, 5), a, b)
+    _expect(bad, ValueError, "scatter_dim must be 0", rs, torch.empty(8, 5), a, b, scatter_dim=-1)
+    if g > 1:
+        _expect(
+            bad,
+            ValueError,
+            "N (b's columns) (5) must be divisible",
+            rs,
+            torch.empty(8, 2),
+            a,
+            b,
+            scatter_dim=1,
+        )
+        m3 = rand((9, 6), torch.float32, 3)
+        _expect(bad, ValueError, "M (a's rows) (9) must be divisible", rs, torch.empty(4, 5), m3, b)
+    return {"bad": bad, "cases": 1}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_bad_input_raises_clear_errors(world_size):
+    assert_clean(run_world(errors_body, world_size, timeout=120), 1)
+
+
+def degenerate_body(rank, world_size):
+    """M = 0 does nothing; K = 0 gives the bias (or zeros) everywhere."""
+    import iris.ops
+
+    bad: list[str] = []
+    bias = torch.arange(5, dtype=torch.float32)
+    out = torch.full((3, 5), float("nan"))
+    iris.ops.matmul_all_reduce(out, torch.empty(3, 0), torch.empty(0, 5), bias)
+    if not torch.equal(out, bias.expand(3, 5)):
+        bad.append(f"K=0 all_reduce: {out}")
+    out = torch.full((3 * world_size, 5), float("nan"))
+    iris.ops.matmul_all_gather(out, torch.empty(3, 0), torch.empty(0, 5))
+    if not torch.equal(out, torch.zeros(3 * world_size, 5)):
+        bad.append(f"K=0 all_gather: {out}")
+    iris.ops.matmul_all_reduce(torch.empty(0, 5), torch.empty(0, 4), torch.ones(4, 5))
+    iris.ops.all_gather_matmul(torch.empty(0, 5), torch.empty(0, 4), torch.ones(4, 5))
+    iris.ops.release_workspaces()
+    return {"bad": bad, "cases": 1}
+
+
+def test_empty_and_k0_problems():
+    assert_clean(run_world(degenerate_body, 2, timeout=120), 1)
+
+
+def absent_body(rank, world_size):
+    """After one call together (which prepares the workspace), rank 1 skips the next call:
+    rank 0's kernel gives up after its spin budget and raises DeviceWaitTimeout naming the
+    ranks, instead of hanging."""
+    import torch.distributed as dist
+
+    import iris.mem
+    import iris.ops
+
+    def call():
+        iris.ops.matmul_all_reduce(torch.empty(8, 5), torch.ones(8, 6), torch.ones(6, 5))
+
+    call()
+    outcome = "no error"
+    if rank == 0:
+        try:
+            call()
+        except iris.mem.DeviceWaitTimeout as e:
+            outcome = str(e)
+    dist.barrier()
+    iris.ops.release_workspaces()
+    return outcome
+
+
+def test_absent_rank_is_reported_not_a_hang():
+    results = run_world(absent_body, 2, timeout=200, env={"IRIS_SPIN_LIMIT": "3000"})
+    assert "rank 0: iris.ops.matmul_all_reduce gave up waiting for rank 1" in results[0], results[0]
