@@ -31,7 +31,7 @@ SIZES = [8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB] + [GiB]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 IRIS_VARIANTS = {
     "all_reduce": ("one_shot", "two_shot", "ring", "atomic", "spinlock"),
-    "all_gather": ("push", "pull"),
+    "all_gather": ("push", "pull", "gluon"),
     "reduce_scatter": ("push", "pull"),
     "all_to_all": ("push", "pull"),
 }

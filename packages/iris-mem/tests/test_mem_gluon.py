@@ -29,6 +29,7 @@ from test_mem_compile import (
     run_child,
     toolchain_missing,
 )
+from test_mem_gpu import _wait_at_least
 from test_mem_rma import TILE_M, TILE_N
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -243,17 +244,6 @@ def _contention_kernel(context, c32, c64, cf32, log, ITERS: gl.constexpr):
             ctx.atomic_add(c64, (ctx.rank + 1).to(gl.int64), t, scope="sys")
             ctx.atomic_add(cf32, (ctx.rank + 1).to(gl.float32), t, sem="relaxed", scope="sys")
             gl.store(log + (t * nprog + pid) * ITERS + i, old)
-
-
-@gluon.jit
-def _wait_at_least(ptr, value, budget):
-    """Spin (acquire, system scope) until ``*ptr >= value``; False on running out of budget."""
-    seen = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-    spins = budget * 0
-    while (seen < value) & (spins < budget):
-        seen = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-        spins += 1
-    return seen >= value
 
 
 @gluon.jit
@@ -480,6 +470,32 @@ def _child_tracing(fails: list, report: dict) -> None:
     report["tracing_lines"] = lines
 
 
+def _child_example(fails: list) -> None:
+    """examples/07_gluon_all_gather.py's kernel (the example only runs on GPUs): 16-byte
+    vector stores to peers, release/acquire flags at system scope."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "07_gluon_all_gather.py"
+    if not path.exists():  # an sdist has no examples folder
+        return
+    spec = importlib.util.spec_from_file_location("gluon_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    sig = dict(context="*i64", src="*fp32", gathered="*fp32", flags="*i32", failures="*i32")
+    sig.update(n="i32", epoch="i32", budget="i32")
+    k = _attempt(fails, "example 07", example.all_gather_kernel, sig, {"BLOCK": 1024},
+                 aligned=("src", "gathered", "n"), num_warps=4)  # fmt: skip
+    if k is not None:
+        ptx = k.asm["ptx"]
+        if "st.global.v4.b32" not in ptx:
+            fails.append("example 07: no 16-byte vector store to the peers")
+        if not any(".sys" in a and ".release" in a for a in _atom_lines(ptx)):
+            fails.append(f"example 07: no release/sys flag: {_atom_lines(ptx)}")
+        if not any(".sys" in a for a in _acquire_lines(ptx)):
+            fails.append(f"example 07: no acquire/sys poll: {_acquire_lines(ptx)}")
+
+
 def child_main(group: str) -> dict:
     """Entry point of the compiling child (see ``test_mem_compile.run_child``)."""
     missing = toolchain_missing()
@@ -495,6 +511,7 @@ def child_main(group: str) -> dict:
         _child_rma(fails, env.debug())
         _child_vector(fails, report)
         _child_tracing(fails, report)
+        _child_example(fails)
     elif group == "atomics":
         _child_atomics(fails, env.debug())
         _child_flags(fails)

@@ -36,9 +36,10 @@ def needs_gpus(n: int):
 
 @triton.jit
 def _wait_at_least(ptr, value, budget):
-    """Spin (acquire, system scope) until ``*ptr >= value``; returns False on timeout."""
+    """Spin (acquire, system scope) until ``*ptr >= value``; returns False on timeout.
+    Layout-free (no ``tl.full``), so Gluon kernels call it too (test_mem_gluon)."""
     seen = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-    spins = tl.full([], 0, tl.int32)
+    spins = budget * 0
     while (seen < value) & (spins < budget):
         seen = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
         spins += 1
