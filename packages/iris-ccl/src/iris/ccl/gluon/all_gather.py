@@ -29,7 +29,9 @@ def vector_width(dtype, block, num_warps):
     return width
 
 
-@gluon.jit
+# n_per_rank == 1 would be specialised to a constexpr, which folds the alignment test and
+# trips an assertion in Triton 3.6's lowering of this kernel: keep it a runtime value.
+@gluon.jit(do_not_specialize=["n_per_rank"])
 def _push_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
     RANK: gl.constexpr, WORLD: gl.constexpr, GROUP: gl.constexpr, ME: gl.constexpr, BLOCK: gl.constexpr,
