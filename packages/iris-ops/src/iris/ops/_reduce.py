@@ -155,7 +155,7 @@ def run(
     chunk_tiles = _host.cdiv(cm, cfg.block_m) * _host.cdiv(cn, cfg.block_n)
     heap = _host.heap_of(out, ranks)
     # Peers store into the output of matmul_all_reduce: it must be on the heap, else staged.
-    in_place = not all_reduce or _host.writable_in_place(out, heap)
+    in_place = not all_reduce or size == 1 or _host.writable_in_place(out, heap)
     specs = [("ready", (size - 1) * chunk_tiles, torch.int32), ("partials", (size - 1) * cm * cn, a.dtype)]
     if not in_place:
         specs.append(("out", m * n, a.dtype))

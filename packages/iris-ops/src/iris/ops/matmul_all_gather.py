@@ -100,7 +100,7 @@ def matmul_all_gather(
     _host.check_bias(op, bias, n)
     cfg = _host.resolve(m, n, a, config)
     heap = _host.heap_of(out, ranks)
-    in_place = _host.writable_in_place(out, heap)
+    in_place = size == 1 or _host.writable_in_place(out, heap)
     specs = [] if in_place else [("out", size * m * n, a.dtype)]
     shapes = (tuple(a.shape), tuple(b.shape), tuple(out.shape))
     ws = _host.workspace_for(op, ranks, index, shapes, a, cfg, None, out, in_place, specs, workspace, group)

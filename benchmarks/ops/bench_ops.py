@@ -1,0 +1,470 @@
+"""Fused GEMM + communication ops of iris.ops beside torch.matmul + NCCL, in one run.
+
+    torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --out benchmarks/ops/results --plot
+    torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --quick            # 3 shapes
+    torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --tune --quick     # try configs
+    python benchmarks/ops/bench_ops.py --replot benchmarks/ops/results/results.json
+    IRIS_BACKEND=cpu torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --smoke  # no GPU
+
+For each op and shape (bf16 unless --dtype) it checks iris.ops' result against the
+baseline's, then times:
+
+* ``iris``: the fused op, output on a symmetric heap (used in place);
+* ``iris_gemm``: the same kernel on a group of one rank (no communication): our GEMM alone;
+* ``nccl``: torch.matmul followed by the NCCL collective (the collective before the matmul
+  for all_gather_matmul);
+* ``matmul``: torch.matmul alone, at the size the op multiplies on one rank;
+* ``symm``: torch symm_mem's ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``
+  where one exists.
+
+Shapes are ``(M, N, K)`` with M the rows of the full output: matmul_all_reduce multiplies
+``(M, K) @ (K, N)`` on every rank and sums; all_gather_matmul gathers ``(M/G, K)`` shards
+then multiplies by ``(K, N)``; matmul_reduce_scatter multiplies ``(M, K) @ (K, N)`` and
+keeps ``M/G`` rows; matmul_all_gather multiplies ``(M/G, K) @ (K, N)`` and gathers.
+Times are device times from CUDA events around replays of a CUDA graph of several calls
+(eager launches where a baseline cannot be captured), median over repetitions per rank,
+maximum over ranks. Prints a table with ratios; writes results.json (and PNGs with --plot).
+``--tune`` tries a few Configs per op and shape and prints the fastest. ``--smoke`` runs the
+whole script on the CPU backend (gloo, tiny shapes, wall-clock times) to check it without GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+SHAPES = [(8192, 8192, 4096), (1024, 8192, 4096), (16384, 3584, 8192)]
+DECODE = [(m, 8192, 4096) for m in (1, 16, 64, 128)]
+QUICK = [(8192, 8192, 4096), (1024, 8192, 4096), (128, 8192, 4096)]
+SMOKE = [(64, 48, 40), (2, 40, 24)]
+OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_gather")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: (block_m, block_n, block_k, num_warps, num_stages) candidates for --tune.
+TILES = [
+    (128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
+    (256, 128, 64, 8, 3), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4), (128, 64, 128, 4, 4),
+]  # fmt: skip
+
+
+#: Where the run's tensors live: "cuda", or "cpu" with --smoke.
+DEVICE = "cuda"
+
+
+def _wall_us(fn, reps: int) -> float:
+    """--smoke: median wall-clock time of one ``fn()`` (max over ranks)."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    t = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _time_us(fn, reps: int) -> float:
+    """Median device time of one ``fn()`` in microseconds (max over ranks), from replays of
+    a CUDA graph of several calls; eager launches if ``fn`` cannot be captured."""
+    if DEVICE == "cpu":
+        return _wall_us(fn, reps)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()  # warm-up: compile, make workspaces, outside any capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = max(1, min(20, int(2000 / max(start.elapsed_time(end) * 1000, 1.0))))
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        torch.cuda.synchronize()
+        replay = graph.replay
+    except Exception:  # noqa: BLE001 - not capturable: time eager launches instead
+        torch.cuda.synchronize()
+        graph = None
+
+        def replay():
+            for _ in range(calls):
+                fn()
+
+    samples = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
+    t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+@dataclasses.dataclass
+class Case:
+    """One op at one shape: ``fused(config)`` makes the call of iris.ops, the other fields
+    are the baselines; ``out`` and ``ref`` hold the fused op's and the baseline's output."""
+
+    fused: object
+    out: torch.Tensor
+    nccl: object
+    ref: torch.Tensor
+    matmul: object
+    alone: object  # the fused kernel on a group of one rank: our GEMM alone
+    symm: object = None
+
+
+class Bench:
+    """Groups of the run, and the inputs and heap of one op and shape at a time."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.dtype = dtype
+        singles = [dist.new_group([r]) for r in range(self.world)]  # collective: every rank makes all
+        self.single = singles[self.rank]
+        self.group_name = dist.group.WORLD.group_name
+        self.symm_ok = DEVICE == "cuda" and self._enable_symm()
+        self.heap = None
+
+    def _enable_symm(self) -> bool:
+        try:
+            import warnings
+
+            import torch.distributed._symmetric_memory as symm_mem
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(self.group_name)
+            return hasattr(torch.ops.symm_mem, "fused_all_gather_matmul")
+        except Exception as e:  # noqa: BLE001 - report and go on without the baseline
+            if self.rank == 0:
+                print(f"torch symm_mem unavailable: {e}")
+            return False
+
+    def open(self, heap_bytes: int) -> None:
+        """A fresh symmetric heap for the next op and shape (outputs and workspaces)."""
+        import iris.mem
+
+        self.close()
+        self.heap = iris.mem.init(heap_bytes)
+
+    def close(self) -> None:
+        import iris.ops
+
+        if self.heap is not None:
+            self.heap.barrier()
+            iris.ops.release_workspaces()
+            self.heap.close()
+            self.heap = None
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+    def randn(self, *shape):
+        return torch.empty(shape, dtype=self.dtype, device=DEVICE).normal_()
+
+    def empty(self, *shape, heap=False):
+        if heap:
+            return self.heap.empty(shape, dtype=self.dtype)
+        return torch.empty(shape, dtype=self.dtype, device=DEVICE)
+
+    def case(self, op: str, m: int, n: int, k: int) -> Case | None:
+        """The callables of ``op`` at ``(M, N, K)`` (None when M is not divisible by the
+        group size where the op needs it); outputs peers write are on the heap."""
+        import iris.ops
+
+        g, mm, one = self.world, torch.matmul, self.single
+        if op == "matmul_all_reduce":
+            a, b = self.randn(m, k), self.randn(k, n)
+            out, ref, alone = self.empty(m, n, heap=True), self.empty(m, n), self.empty(m, n)
+            return Case(
+                fused=lambda cfg: lambda: iris.ops.matmul_all_reduce(out, a, b, config=cfg), out=out,
+                nccl=lambda: (mm(a, b, out=ref), dist.all_reduce(ref)), ref=ref,
+                matmul=lambda: mm(a, b, out=ref),
+                alone=lambda: iris.ops.matmul_all_reduce(alone, a, b, group=one),
+            )  # fmt: skip
+        if m % g:
+            return None
+        if op == "all_gather_matmul":
+            shard, b = self.randn(m // g, k), self.randn(k, n)
+            out, ref, full = self.empty(m, n), self.empty(m, n), self.empty(m, k)
+            symm = None
+            if self.symm_ok:
+                fused_ag = torch.ops.symm_mem.fused_all_gather_matmul
+                symm = lambda: fused_ag(shard, [b], 0, self.group_name, return_A=False)  # noqa: E731
+            return Case(
+                fused=lambda cfg: lambda: iris.ops.all_gather_matmul(out, shard, b, config=cfg), out=out,
+                nccl=lambda: (dist.all_gather_into_tensor(full, shard), mm(full, b, out=ref)), ref=ref,
+                matmul=lambda: mm(full, b, out=ref), symm=symm,
+                alone=lambda: iris.ops.all_gather_matmul(ref, full, b, group=one),
+            )  # fmt: skip
+        if op == "matmul_reduce_scatter":
+            a, b = self.randn(m, k), self.randn(k, n)
+            out, ref, prod = self.empty(m // g, n), self.empty(m // g, n), self.empty(m, n)
+            symm = None
+            if self.symm_ok:
+                fused_rs = torch.ops.symm_mem.fused_matmul_reduce_scatter
+                symm = lambda: fused_rs(a, b, "sum", 0, self.group_name)  # noqa: E731
+            return Case(
+                fused=lambda cfg: lambda: iris.ops.matmul_reduce_scatter(out, a, b, config=cfg), out=out,
+                nccl=lambda: (mm(a, b, out=prod), dist.reduce_scatter_tensor(ref, prod)), ref=ref,
+                matmul=lambda: mm(a, b, out=prod), symm=symm,
+                alone=lambda: iris.ops.matmul_reduce_scatter(prod, a, b, group=one),
+            )  # fmt: skip
+        a, b = self.randn(m // g, k), self.randn(k, n)
+        out, ref, prod = self.empty(m, n, heap=True), self.empty(m, n), self.empty(m // g, n)
+        return Case(
+            fused=lambda cfg: lambda: iris.ops.matmul_all_gather(out, a, b, config=cfg), out=out,
+            nccl=lambda: (mm(a, b, out=prod), dist.all_gather_into_tensor(ref, prod)), ref=ref,
+            matmul=lambda: mm(a, b, out=prod),
+            alone=lambda: iris.ops.matmul_all_gather(prod, a, b, group=one),
+        )  # fmt: skip
+
+
+def heap_bytes(m: int, n: int, k: int, configs: int) -> int:
+    """Heap for one op and shape: the output and one workspace per config (with slack)."""
+    item = 2
+    return (m * n + configs * max(m * n, m * k)) * item + (256 << 20)
+
+
+def _check(fused, case: Case, what: str) -> str | None:
+    """Run the fused op and the baseline on the same inputs; compare (relative to the
+    baseline's largest element: both round to the dtype, at different points)."""
+    fused()
+    case.nccl()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    got, want = case.out.float(), case.ref.float()
+    err = (got - want).abs().max().item()
+    scale = want.abs().max().item()
+    ok = err <= 0.02 * scale + 1e-3 and not torch.isnan(got).any()
+    return None if ok else f"{what}: max error {err:.4g} (baseline max {scale:.4g})"
+
+
+def run(bench: Bench, ops, shapes, reps: int) -> tuple[list[dict], list[str]]:
+    rows, failures = [], []
+    for op in ops:
+        for m, n, k in shapes:
+            bench.open(heap_bytes(m, n, k, 1))
+            case = bench.case(op, m, n, k)
+            if case is None:
+                continue
+            what = f"{op} M={m} N={n} K={k}"
+            fused = case.fused(None)
+            if (problem := _check(fused, case, what)) is not None:
+                failures.append(problem)
+                continue
+            times = {"iris": _time_us(fused, reps)}
+            for name in ("alone", "nccl", "matmul", "symm"):
+                fn = getattr(case, name)
+                if fn is not None:
+                    try:
+                        times["iris_gemm" if name == "alone" else name] = _time_us(fn, reps)
+                    except Exception as e:  # noqa: BLE001 - a baseline that fails is reported, not fatal
+                        if bench.rank == 0:
+                            print(f"{what}: {name} failed: {type(e).__name__}: {e}"[:300], flush=True)
+            row = {"op": op, "M": m, "N": n, "K": k, "times_us": times}
+            row["nccl_over_iris"] = times["nccl"] / times["iris"]
+            row["iris_over_matmul"] = times["iris"] / times["matmul"]
+            if "symm" in times:
+                row["symm_over_iris"] = times["symm"] / times["iris"]
+            rows.append(row)
+            if bench.rank == 0:
+                cells = ", ".join(f"{key} {v:.1f}" for key, v in times.items())
+                print(f"{what}: {cells} us; NCCL/iris {row['nccl_over_iris']:.2f}", flush=True)
+            del case, fused
+    bench.close()
+    return rows, failures
+
+
+def _candidates(op: str, m: int, world: int):
+    import iris.ops
+
+    rows = m if op in ("matmul_all_reduce", "matmul_reduce_scatter") else m // world
+    tiles = [t for t in TILES if (t[0] <= 64) == (rows <= 64) or (rows > 64 and t[0] == 128)]
+    out = [None] + [
+        iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+        for bm, bn, bk, w, s in tiles
+    ]
+    if op == "matmul_all_reduce":
+        out += [iris.ops.Config(split="m"), iris.ops.Config(split="n")]
+    if op == "all_gather_matmul":
+        out += [iris.ops.Config(comm_sms=c) for c in (4, 8, 32)]
+    return out + [iris.ops.Config(group_m=16), iris.ops.Config(num_sms=120)]
+
+
+def _short(config) -> str:
+    """The fields of ``config`` that differ from the defaults ("default" for None)."""
+    if config is None:
+        return "default"
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    return ",".join(f"{k}={v}" for k, v in fields.items() if v != defaults[k])
+
+
+def tune(bench: Bench, ops, shapes, reps: int) -> list[dict]:
+    """Time every candidate config of every op and shape; return the best of each."""
+    results = []
+    for op in ops:
+        for m, n, k in shapes:
+            candidates = _candidates(op, m, bench.world)
+            bench.open(heap_bytes(m, n, k, len(candidates)))
+            case = bench.case(op, m, n, k)
+            if case is None:
+                continue
+            timed = []
+            for config in candidates:
+                try:
+                    fused = case.fused(config)
+                    problem = _check(fused, case, f"{op} {config}")
+                    t = _time_us(fused, reps) if problem is None else float("inf")
+                except Exception as e:  # noqa: BLE001 - a config that fails to compile or run
+                    problem, t = f"{type(e).__name__}: {e}"[:200], float("inf")
+                timed.append((t, _short(config), problem))
+                if bench.rank == 0:
+                    print(
+                        f"  {op} M={m} N={n} K={k} {_short(config)}: {t:.1f} us {problem or ''}", flush=True
+                    )
+            best = min(timed)
+            results.append(
+                {"op": op, "M": m, "N": n, "K": k, "best_us": best[0], "best": best[1], "all": timed}
+            )
+            if bench.rank == 0:
+                print(f"BEST {op} M={m} N={n} K={k}: {best[1]} {best[0]:.1f} us (default {timed[0][0]:.1f})")
+    bench.close()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="benchmarks/ops/results")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--quick", action="store_true", help="3 shapes (two prefill, one decode)")
+    parser.add_argument(
+        "--tune", action="store_true", help="try a few Configs per op and shape, print the best"
+    )
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--plot", action="store_true", help="write PNG plots (needs matplotlib)")
+    parser.add_argument("--replot", metavar="RESULTS_JSON", help="only redraw the plots of an earlier run")
+    parser.add_argument(
+        "--smoke", action="store_true", help="check the script on the CPU backend, tiny shapes"
+    )
+    args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            _plot(json.load(f)["rows"], os.path.dirname(args.replot))
+        return 0
+    global DEVICE
+    if args.smoke:
+        DEVICE = "cpu"
+        dist.init_process_group("gloo")
+    else:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    bench = Bench(DTYPES[args.dtype])
+    ops = [op for op in args.ops.split(",") if op]
+    shapes = SMOKE if args.smoke else QUICK if args.quick else SHAPES + DECODE
+    if args.tune:
+        tuned = tune(bench, ops, shapes, args.reps)
+        if bench.rank == 0:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "tune.json"), "w") as f:
+                json.dump(tuned, f, indent=1)
+        failures = []
+    else:
+        rows, failures = run(bench, ops, shapes, args.reps)
+        if bench.rank == 0:
+            _report(rows, failures, args, bench.world)
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+def _report(rows, failures, args, world) -> None:
+    import triton
+
+    import iris.ops
+
+    os.makedirs(args.out, exist_ok=True)
+    cuda = DEVICE == "cuda"
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda
+        else ["cpu"],
+        "world_size": world,
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "iris_ops": iris.ops.__version__,
+    }
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "failures": failures}, f, indent=1)
+    print(f"\n# iris.ops vs torch.matmul + NCCL, {args.dtype}, {world} x {meta['gpus'][0]} ({meta})")
+    columns = ("iris", "iris_gemm", "nccl", "matmul", "symm")
+    header = (
+        "iris | iris GEMM alone | matmul+NCCL | matmul | symm fused | NCCL/iris | symm/iris | iris/matmul"
+    )
+    print(f"| op | M | N | K | {header} |")
+    print("|---" * 12 + "|")
+    for r in rows:
+        cells = " | ".join(f"{r['times_us'][c]:.1f}" if c in r["times_us"] else "-" for c in columns)
+        symm = f"{r['symm_over_iris']:.2f}" if "symm_over_iris" in r else "-"
+        ratios = f"{r['nccl_over_iris']:.2f} | {symm} | {r['iris_over_matmul']:.2f}"
+        print(f"| {r['op']} | {r['M']} | {r['N']} | {r['K']} | {cells} | {ratios} |")
+    if failures:
+        print("\nFAILED checks (not timed):\n  " + "\n  ".join(failures))
+    if args.plot:
+        try:
+            _plot(rows, args.out)
+        except ImportError:
+            print("(matplotlib not installed: no plots; rerun with --replot where it is)")
+
+
+def _plot(rows, out) -> None:
+    """One PNG per op: device time of each implementation per shape (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for op in dict.fromkeys(r["op"] for r in rows):
+        sel = [r for r in rows if r["op"] == op]
+        keys = list(dict.fromkeys(k for r in sel for k in r["times_us"]))
+        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(sel)), 4.5))
+        width = 0.8 / len(keys)
+        for i, key in enumerate(keys):
+            xs = [j + i * width for j, r in enumerate(sel) if key in r["times_us"]]
+            ax.bar(xs, [r["times_us"][key] for r in sel if key in r["times_us"]], width, label=key)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sel))])
+        ax.set_xticklabels([f"{r['M']}x{r['N']}x{r['K']}" for r in sel], rotation=20, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("time (us)")
+        ax.set_title(f"{op} (M x N x K)")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"ops_{op}.png"), dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
