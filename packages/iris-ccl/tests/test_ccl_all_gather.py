@@ -27,7 +27,7 @@ from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-VARIANTS = ("push", "pull") + (("gluon",) if BACKEND == "cuda" else ())  # Gluon: GPUs only
+VARIANTS = ("boxed", "push", "pull") + (("gluon",) if BACKEND == "cuda" else ())  # Gluon: GPUs only
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
 

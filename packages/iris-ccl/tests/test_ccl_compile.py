@@ -43,6 +43,7 @@ FIXED = {
     "status": "*i64",
     "budget": "i32",
     "locks": "*i32",
+    "launches": "*i32",
     # point-to-point mailbox (bytes) and its per-tile counters
     "box": "*u8",
     "seq": "*i32",
@@ -56,13 +57,13 @@ KERNEL_TYPES = {
     "iris.ccl.p2p._recv_kernel": {"dst": "*u8"},
 }
 #: Pointers to the collective's data: the profile's dtype.
-DATA_POINTERS = {"src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws"}
+DATA_POINTERS = {"src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws", "boxes"}
 #: Pointers to accumulators: fp32 for floating profiles, else the profile's dtype.
 ACC_POINTERS = {"acc", "part"}
 #: Runtime integer scalars.
 SCALARS = {
     "n", "numel", "count", "length", "offset", "start", "stride", "root", "peer", "nbytes",
-    "n_per_rank", "src_per_rank", "dst_per_rank",
+    "n_per_rank", "src_per_rank", "dst_per_rank", "box_stride", "src_stride", "dst_stride",
 }  # fmt: skip
 #: Profiles: the dtype of data pointers and the value of every known constexpr. GROUP is
 #: 2 or 3 (ME < GROUP, RANK < WORLD); roots are valid member indices.
@@ -71,16 +72,19 @@ PROFILES = [
         "dtype": "fp32",
         "RANK": 1, "WORLD": 4, "GROUP": 2, "ME": 1, "BLOCK": 1024, "OP": "sum", "ACC_FP32": True,
         "LOCKED": False, "ROOT": 1, "SRC": 0, "DST": 1,
+        "HINT": 16, "ALIASED": False, "MODE": "all_reduce",
     },
     {
         "dtype": "bf16",
         "RANK": 3, "WORLD": 4, "GROUP": 3, "ME": 2, "BLOCK": 512, "OP": "avg", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 2, "SRC": 1, "DST": 0,
+        "HINT": None, "ALIASED": True, "MODE": "all_to_all",
     },
     {
         "dtype": "fp32",
         "RANK": 0, "WORLD": 3, "GROUP": 3, "ME": 0, "BLOCK": 256, "OP": "max", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 0, "SRC": 2, "DST": 2,
+        "HINT": 16, "ALIASED": False, "MODE": "reduce_scatter",
     },
 ]  # fmt: skip
 ALIGNED = [["tt.divisibility", 16]]

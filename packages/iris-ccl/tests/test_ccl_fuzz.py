@@ -34,10 +34,10 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
 
     DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
     VARIANTS = {
-        "all_reduce": ["auto", "one_shot", "two_shot", "ring", "atomic", "spinlock"],
-        "all_gather": ["auto", "push", "pull"],
-        "reduce_scatter": ["auto", "push", "pull"],
-        "all_to_all": ["auto", "push", "pull"],
+        "all_reduce": ["auto", "boxed", "one_shot", "two_shot", "ring", "atomic", "spinlock"],
+        "all_gather": ["auto", "boxed", "push", "pull"],
+        "reduce_scatter": ["auto", "boxed", "push", "pull"],
+        "all_to_all": ["auto", "boxed", "push", "pull"],
     }
     G = world_size
     state = {"examples": 0, "launched": 0, "checked": 0, "raised": 0}

@@ -255,15 +255,17 @@ def large_body(rank, world_size):
         for variant in ccl.VARIANTS["all_reduce"]:
             cfg = ccl.Config(variant=variant)
             out = torch.empty_like(x)
-            ccl.all_reduce(out, x, config=cfg)
-            torch.cuda.synchronize()
-            if (m := mismatch(out, want, f"64 MiB bf16 {variant} plain")) is not None:
-                bad.append(m)
-            h.copy_(x)
-            ccl.all_reduce(h, h, config=cfg)
-            torch.cuda.synchronize()
-            if (m := mismatch(h, want, f"64 MiB bf16 {variant} heap in-place")) is not None:
-                bad.append(m)
+            for what, got, call in (
+                ("plain", out, lambda out=out, cfg=cfg: ccl.all_reduce(out, x, config=cfg)),
+                ("heap in-place", h, lambda cfg=cfg: ccl.all_reduce(h, h.copy_(x), config=cfg)),
+            ):
+                call()
+                try:  # a wait that ran out of budget is recorded on the device: surface it
+                    ccl.check_errors()
+                except Exception as e:  # noqa: BLE001 - reported with the case
+                    bad.append(f"64 MiB bf16 {variant} {what}: {type(e).__name__}: {e}")
+                if (m := mismatch(got, want, f"64 MiB bf16 {variant} {what}")) is not None:
+                    bad.append(m)
             dist.barrier()
     return {"bad": bad}
 

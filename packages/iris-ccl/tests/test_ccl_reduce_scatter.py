@@ -18,7 +18,7 @@ from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-VARIANTS = ("push", "pull")
+VARIANTS = ("boxed", "push", "pull")
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
 

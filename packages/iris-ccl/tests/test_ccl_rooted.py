@@ -339,6 +339,8 @@ def async_body(rank, world_size):
     for h in handles:
         if not isinstance(h, ccl.Work) or h.wait() is not True:
             bad.append(f"async_op=True returned {h!r}; wait() must return True")
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)  # wait() orders streams only; is_completed() asks the device
     if not all(h.is_completed() for h in handles):
         bad.append("handles not completed after wait() and a synchronisation")
     checks = [(x, want, "broadcast"), (out_s, full[9 * rank : 9 * rank + 9], "scatter")]

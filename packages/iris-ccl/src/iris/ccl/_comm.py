@@ -17,8 +17,12 @@ import torch.distributed as dist
 import iris.mem
 from iris.mem import SymmetricHeap
 
-#: Programs (and so sync slots) per kernel launch; larger messages are split.
-MAX_SLOTS = 8192
+from .config import MAX_PROGRAMS
+
+#: The staging buffers a communicator may make (iris.ccl's own heaps are sized for all).
+STAGING_NAMES = ("in", "out", "acc", "locks", "push")
+#: Sync slots: programs per kernel launch (per-tile kernels split larger messages).
+MAX_SLOTS = MAX_PROGRAMS
 _STATUS_WORDS = 4
 
 
@@ -99,8 +103,11 @@ class Communicator:
         return self.heap.device
 
     def staging(self, name: str, nbytes: int, zero: bool = False) -> torch.Tensor:
-        """A uint8 heap buffer of at least ``nbytes`` named ``name``. Made on first use of the
-        name (collective: every member makes the same calls), zeroed then if ``zero``."""
+        """A uint8 heap buffer of at least ``nbytes`` named ``name`` (one of
+        :data:`STAGING_NAMES`). Made on first use of the name (collective: every member makes
+        the same calls), zeroed then if ``zero``."""
+        if name not in STAGING_NAMES:
+            raise RuntimeError(f"internal: staging buffer {name!r} is not one of {STAGING_NAMES}")
         buf = self._staging.get(name)
         if buf is None:
             buf = self.heap.empty(max(nbytes, staging_bytes(self.heap.backend)), dtype=torch.uint8)
@@ -196,7 +203,7 @@ def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
     comm = _COMMUNICATORS.get(key)
     if comm is None or comm.heap.closed:
         backend = "cuda" if device.type == "cuda" else "cpu"
-        size = 4 * staging_bytes(backend) + (8 << 20) + p2p_heap_bytes(len(ranks))
+        size = len(STAGING_NAMES) * staging_bytes(backend) + (8 << 20) + p2p_heap_bytes(len(ranks))
         heap = iris.mem.init(size, backend=backend, group=group)
         comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=True)
     return comm

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any
 
@@ -129,11 +130,13 @@ def setup(
         variant=config.variant if isinstance(config, Config) else "auto",
         root=root,
     )
-    comm = None if stage else _comm.in_place(tensors, group)
+    interpreted = tensors[0].device.type != "cuda"
+    cfg = select(collective, nbytes, len(_comm.group_ranks(group)), interpreted, config)
+    # boxed stages through iris.ccl's own heap: it never spends the caller's heap.
+    comm = None if stage or cfg.variant == "boxed" else _comm.in_place(tensors, group)
     in_place = comm is not None
     if comm is None:
         comm = _comm.own(group, tensors[0].device)
-    cfg = select(collective, nbytes, comm.size, comm.heap.backend == "cpu", config)
     return comm, in_place, cfg
 
 
@@ -153,6 +156,33 @@ def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **me
         comm.check()
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def persistent_grid(comm: _comm.Communicator, cfg: Config, length: int) -> int:
+    """Programs of a persistent kernel over ``length`` elements: ``cfg.programs`` (0: one
+    per SM on GPUs, 2 in the interpreter), never more than there are tiles. One program per
+    SM stays co-resident, so programs waiting on their peers never starve each other."""
+    programs = cfg.programs
+    if not programs:
+        programs = _sm_count(comm.device.index or 0) if comm.device.type == "cuda" else 2
+    return max(1, min(cdiv(length, cfg.block_size), programs))
+
+
+def vector_hint(tensors, strides_bytes=()) -> int | None:
+    """16 when every tensor's address and every byte stride is a multiple of 16 bytes: the
+    kernels then re-assert that on translated pointers (``hint=``) so remote accesses stay
+    16-byte vectors; None (no assertion, narrower accesses) otherwise."""
+    aligned = all(t.data_ptr() % 16 == 0 for t in tensors) and all(s % 16 == 0 for s in strides_bytes)
+    return 16 if aligned else None
+
+
+#: Elements one launch of a persistent kernel may cover (its tile offsets are int32).
+MAX_LAUNCH_ELEMENTS = 1 << 30
+
+
 def chunks(total: int, per_chunk: int):
     """``(start, length)`` pieces of ``range(total)``."""
     for start in range(0, total, per_chunk):
@@ -162,9 +192,10 @@ def chunks(total: int, per_chunk: int):
 def max_elements(
     cfg: Config, itemsize: int, staged: bool, comm: _comm.Communicator, tiles_per_program: int = 1
 ) -> int:
-    """Elements one launch may cover: the sync slots, the config's chunk, and (staged) the
-    staging buffer."""
-    limit = _comm.MAX_SLOTS * cfg.block_size * tiles_per_program
+    """Elements one launch may cover: the sync slots (``tiles_per_program`` tiles per slot;
+    0 for a persistent kernel, which needs one slot per program only), the config's chunk,
+    and (staged) the staging buffer."""
+    limit = _comm.MAX_SLOTS * cfg.block_size * tiles_per_program if tiles_per_program else MAX_LAUNCH_ELEMENTS
     if cfg.chunk_elements:
         limit = min(limit, cfg.chunk_elements)
     if staged:
@@ -213,5 +244,7 @@ __all__ = [
     "launch",
     "max_elements",
     "overlaps",
+    "persistent_grid",
+    "vector_hint",
     "setup",
 ]

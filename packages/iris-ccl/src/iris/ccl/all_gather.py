@@ -25,7 +25,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _host
+from . import _boxed, _host
 from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
 from .triton import Group, tiles
@@ -36,24 +36,44 @@ from .work import Work
 def _push_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    HINT: tl.constexpr = None,
 ):  # fmt: skip
+    """Persistent: program ``p`` pushes tiles ``p, p + P, ...`` between one start and one
+    end barrier."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid)
+    group.sync(ctx, pid, False)
+    t = pid
+    ntiles = tl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
 
 
 @triton.jit
 def _pull_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, src_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    HINT: tl.constexpr = None,
 ):  # fmt: skip
+    """Persistent: program ``p`` pulls tiles ``p, p + P, ...`` between one start and one
+    end barrier."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.all_gather_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank)
+    group.sync(ctx, pid, False)
+    t = pid
+    ntiles = tl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.all_gather_pull(
+            ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank, False, HINT
+        )
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
 
 
 _KERNELS = {"push": _push_kernel, "pull": _pull_kernel, "gluon": _gluon_push_kernel}
@@ -101,10 +121,15 @@ def all_gather(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
+    if cfg.variant == "boxed":
+        _boxed.run("all_gather", comm, cfg, src_all, dst_all, n)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
     push = cfg.variant != "pull"  # gluon pushes too
     # Staged, one launch covers `length` elements of every member's chunk in the staging
     # buffer (push: size * length outputs; pull: length inputs).
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
+    gluon = cfg.variant == "gluon"  # per-tile kernel: one program per tile
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 1 if gluon else 0)
     for start, length in _host.chunks(n, per_launch):
         src = src_all[start : start + length]
         grid = _host.cdiv(length, cfg.block_size)
@@ -119,7 +144,12 @@ def all_gather(
             kdst = kdst.view(inp.dtype)
         else:  # members pull from the staged input; the output is written locally
             ksrc, kdst, stride = comm.staged_copy("in", src), dst_all[start:], n
-        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, stride, *extra)
+        meta = {}
+        if not gluon:
+            grid = _host.persistent_grid(comm, cfg, length)
+            strides = (stride * itemsize, *(e * itemsize for e in extra))
+            meta["HINT"] = _host.vector_hint((ksrc, kdst), strides)
+        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, stride, *extra, **meta)
         if not in_place and push:
             dst_all.view(comm.size, n)[:, start : start + length].copy_(kdst.view(comm.size, length))
     _host.copy_back(out, dst_all)

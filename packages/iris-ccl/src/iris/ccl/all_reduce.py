@@ -2,10 +2,14 @@
 
 Variants (``Config.variant``):
 
-* ``one_shot``: after a start barrier each rank pulls its tile from every member and
+* ``one_shot``: after a start barrier each rank pulls its tiles from every member and
   reduces locally; one round of traffic, ``(G-1)`` reads per element per rank.
 * ``two_shot``: tile ``t`` is owned by member ``t % G``, which pulls it from every member,
   reduces, and pushes the result to every member (reduce-scatter then all-gather).
+
+Both are persistent kernels: ``Config.programs`` programs (one per SM by default) loop over
+the tiles between one start and one end barrier (an in-place ``one_shot`` synchronises
+per tile instead, since a peer may still read the tile it overwrites).
 * ``ring``: ``2 (G-1)`` steps between neighbours only (reduce-scatter then all-gather).
 * ``atomic``: every rank adds its input into every member's accumulator with atomics.
 * ``spinlock``: like ``atomic``, but read-add-write under a per-tile lock on the target.
@@ -22,7 +26,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _host
+from . import _boxed, _host
 from .config import Config
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
@@ -37,26 +41,47 @@ from .work import Work
 def _one_shot_kernel(
     context, members, flags, epochs, status, budget, src, dst, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    OP: tl.constexpr, ACC_FP32: tl.constexpr,
+    OP: tl.constexpr, ACC_FP32: tl.constexpr, ALIASED: tl.constexpr, HINT: tl.constexpr,
 ):  # fmt: skip
+    """Persistent: program ``p`` reduces tiles ``p, p + P, ...`` between one start and one
+    end barrier. ``ALIASED`` (``dst`` overlaps ``src``): a barrier pair per tile instead,
+    so no member overwrites a tile a peer may still be reading."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.all_reduce_one_shot(ctx, group, src, dst, offs, offs < n, pid, OP, ACC_FP32)
+    if not ALIASED:
+        group.sync(ctx, pid, False)
+    t = pid
+    ntiles = tl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.all_reduce_one_shot(ctx, group, src, dst, offs, offs < n, pid, OP, ACC_FP32, ALIASED, HINT)
+        t += tl.num_programs(0)
+    if not ALIASED:
+        group.sync(ctx, pid)
 
 
 @triton.jit
 def _two_shot_kernel(
     context, members, flags, epochs, status, budget, src, dst, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    OP: tl.constexpr, ACC_FP32: tl.constexpr,
+    OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
 ):  # fmt: skip
+    """Persistent: between one start and one end barrier, program ``p`` reduces and pushes
+    the tiles ``t = p, p + P, ...`` this member owns (``t % GROUP == ME``)."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.all_reduce_two_shot(ctx, group, src, dst, offs, offs < n, pid, pid % GROUP, OP, ACC_FP32)
+    group.sync(ctx, pid, False)
+    t = pid
+    ntiles = tl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.all_reduce_two_shot(
+            ctx, group, src, dst, offs, offs < n, pid, t % GROUP, OP, ACC_FP32, False, HINT
+        )
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
 
 
 @triton.jit
@@ -139,8 +164,14 @@ def all_reduce(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
+    if cfg.variant == "boxed":
+        _boxed.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
     ring = cfg.variant == "ring"
-    per_launch = _host.max_elements(cfg, 8, not in_place, comm, comm.size if ring else 1)
+    persistent = cfg.variant in ("one_shot", "two_shot")
+    tiles_per_slot = 0 if persistent else comm.size if ring else 1
+    per_launch = _host.max_elements(cfg, 8, not in_place, comm, tiles_per_slot)
     for start, length in _host.chunks(n, per_launch):
         src, dst = src_all[start : start + length], dst_all[start : start + length]
         grid = _host.cdiv(length, cfg.block_size * (comm.size if ring else 1))
@@ -149,12 +180,15 @@ def all_reduce(
             # one_shot writes only locally, so its output may be any tensor.
             kdst = dst if in_place or cfg.variant == "one_shot" else comm.staging_like("out", dst)
             bufs = (ksrc, kdst)
+            meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
             if ring:  # partial sums: kdst itself, or an fp32 buffer for half types
                 bufs = (ksrc, comm.staging_like("acc", dst, dtype=torch.float32) if wide else kdst, kdst)
-            _host.launch(
-                _KERNELS[cfg.variant], grid, comm, cfg, *bufs, length,
-                OP=rop.value, ACC_FP32=_host.acc_fp32(inp.dtype),
-            )  # fmt: skip
+            else:
+                grid = _host.persistent_grid(comm, cfg, length)
+                meta["HINT"] = _host.vector_hint(bufs)
+                if cfg.variant == "one_shot":
+                    meta["ALIASED"] = _host.overlaps(ksrc, kdst)
+            _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, *bufs, length, **meta)
             if kdst is not dst:
                 dst.copy_(kdst)
         else:

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _host
+from . import _boxed, _host
 from .config import Config
 from .triton import Group, tiles
 from .work import Work
@@ -34,24 +34,46 @@ from .work import Work
 def _push_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, src_per_rank, dst_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    HINT: tl.constexpr,
 ):  # fmt: skip
+    """Persistent: program ``p`` pushes tiles ``p, p + P, ...`` of every chunk between one
+    start and one end barrier."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.all_to_all_push(ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid)
+    group.sync(ctx, pid, False)
+    t = pid
+    ntiles = tl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.all_to_all_push(
+            ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
+        )
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
 
 
 @triton.jit
 def _pull_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, src_per_rank, dst_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    HINT: tl.constexpr,
 ):  # fmt: skip
+    """Persistent: program ``p`` pulls tiles ``p, p + P, ...`` of every chunk between one
+    start and one end barrier."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.all_to_all_pull(ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid)
+    group.sync(ctx, pid, False)
+    t = pid
+    ntiles = tl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.all_to_all_pull(
+            ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
+        )
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
 
 
 _KERNELS = {"push": _push_kernel, "pull": _pull_kernel}
@@ -102,12 +124,16 @@ def all_to_all(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
+    if cfg.variant == "boxed":
+        _boxed.run("all_to_all", comm, cfg, src_all, dst_all, m)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
     push = cfg.variant == "push"
     # Staged, one launch covers `length` elements of every chunk in the staging buffer.
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 0)
     nbytes_per = comm.size * itemsize
     for start, length in _host.chunks(m, per_launch):
-        grid = _host.cdiv(length, cfg.block_size)
+        grid = _host.persistent_grid(comm, cfg, length)
         ksrc, kdst, src_stride, dst_stride = src_all[start:], dst_all[start:], m, m
         if not in_place:
             name = "out" if push else "in"
@@ -117,7 +143,10 @@ def all_to_all(
             else:  # members pull from the staged input; the output is written locally
                 buf.view(comm.size, length).copy_(src_all.view(comm.size, m)[:, start : start + length])
                 ksrc, src_stride = buf, length
-        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, src_stride, dst_stride)
+        hint = _host.vector_hint((ksrc, kdst), (src_stride * itemsize, dst_stride * itemsize))
+        _host.launch(
+            _KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, src_stride, dst_stride, HINT=hint
+        )
         if not in_place and push:
             dst_all.view(comm.size, m)[:, start : start + length].copy_(kdst.view(comm.size, length))
     _host.copy_back(out, dst_all)

@@ -6,11 +6,15 @@ import dataclasses
 
 #: Variants each collective accepts ("auto" picks from the table).
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock"),
-    "all_gather": ("auto", "push", "pull", "gluon"),
-    "reduce_scatter": ("auto", "push", "pull"),
-    "all_to_all": ("auto", "push", "pull"),
+    "all_reduce": ("auto", "boxed", "one_shot", "two_shot", "ring", "atomic", "spinlock"),
+    "all_gather": ("auto", "boxed", "push", "pull", "gluon"),
+    "reduce_scatter": ("auto", "boxed", "push", "pull"),
+    "all_to_all": ("auto", "boxed", "push", "pull"),
 }
+
+
+#: Upper bound of ``Config.programs``: the sync slots of a communicator (``_comm.MAX_SLOTS``).
+MAX_PROGRAMS = 8192
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -23,15 +27,19 @@ class Config:
         num_warps: warps per program, a power of two up to 32.
         chunk_elements: elements per kernel launch when a message is split (staging through
             the workspace splits messages larger than the workspace anyway).
+        programs: programs (thread blocks) of a persistent collective kernel; each loops
+            over its share of the tiles between one start and one end barrier (0: one per
+            SM on GPUs, 2 in the interpreter). Collectives with a per-tile barrier ignore it.
     """
 
     variant: str = "auto"
     block_size: int = 0
     num_warps: int = 0
     chunk_elements: int = 0
+    programs: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_warps", "chunk_elements"):
+        for name in ("block_size", "num_warps", "chunk_elements", "programs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"Config.{name} must be an int, got {value!r}")
@@ -43,6 +51,8 @@ class Config:
             raise ValueError(f"Config.num_warps must be a power of two <= 32, got {self.num_warps}")
         if self.chunk_elements < 0:
             raise ValueError(f"Config.chunk_elements must be >= 0, got {self.chunk_elements}")
+        if not 0 <= self.programs <= MAX_PROGRAMS:
+            raise ValueError(f"Config.programs must be in [0, {MAX_PROGRAMS}], got {self.programs}")
 
     def check_variant(self, collective: str) -> None:
         """Raise ValueError unless ``variant`` is one ``collective`` implements."""

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _host
+from . import _boxed, _host
 from .config import Config
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
@@ -36,26 +36,49 @@ from .work import Work
 def _pull_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    OP: tl.constexpr, ACC_FP32: tl.constexpr,
+    OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
 ):  # fmt: skip
+    """Persistent: program ``p`` reduces tiles ``p, p + P, ...`` of this rank's chunk
+    between one start and one end barrier."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.reduce_scatter_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, OP, ACC_FP32)
+    group.sync(ctx, pid, False)
+    t = pid
+    ntiles = tl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.reduce_scatter_pull(
+            ctx, group, src, dst, offs, offs < n, n_per_rank, pid, OP, ACC_FP32, False, HINT
+        )
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
 
 
 @triton.jit
 def _push_kernel(
     context, members, flags, epochs, status, budget, src, dst, ws, n, n_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    OP: tl.constexpr, ACC_FP32: tl.constexpr,
+    OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
 ):  # fmt: skip
+    """Persistent: program ``p`` pushes its tiles ``p, p + P, ...`` into the members'
+    workspaces, then (after a barrier) reduces the same tiles of its own workspace."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.reduce_scatter_push(ctx, group, src, dst, ws, offs, offs < n, n_per_rank, n, pid, OP, ACC_FP32)
+    ntiles = tl.cdiv(n, BLOCK)
+    group.sync(ctx, pid, False)
+    t = pid
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.reduce_scatter_push_send(ctx, group, src, ws, offs, offs < n, n_per_rank, n, HINT)
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
+    t = pid
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.reduce_scatter_push_reduce(group, dst, ws, offs, offs < n, n, OP, ACC_FP32)
+        t += tl.num_programs(0)
 
 
 def reduce_scatter(
@@ -113,24 +136,32 @@ def reduce_scatter(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
+    if cfg.variant == "boxed":
+        _boxed.run("reduce_scatter", comm, cfg, src_all, dst_all, m, rop.value)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
     meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
     # Staged, one launch covers `length` elements of every member's chunk in the staging
     # buffer (pull: size * length inputs; push: size * length workspace slots).
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 0)
     for start, length in _host.chunks(m, per_launch):
-        grid = _host.cdiv(length, cfg.block_size)
+        grid = _host.persistent_grid(comm, cfg, length)
         dst = dst_all[start : start + length]
         if cfg.variant == "push":
             ws = comm.staging("out", comm.size * length * itemsize)[: comm.size * length * itemsize]
+            ws = ws.view(inp.dtype)
+            hint = _host.vector_hint((src_all[start:], ws), (m * itemsize, length * itemsize))
             _host.launch(
-                _push_kernel, grid, comm, cfg, src_all[start:], dst, ws.view(inp.dtype), length, m, **meta
+                _push_kernel, grid, comm, cfg, src_all[start:], dst, ws, length, m, HINT=hint, **meta
             )
         elif in_place:
-            _host.launch(_pull_kernel, grid, comm, cfg, src_all[start:], dst, length, m, **meta)
+            hint = _host.vector_hint((src_all[start:],), (m * itemsize,))
+            _host.launch(_pull_kernel, grid, comm, cfg, src_all[start:], dst, length, m, HINT=hint, **meta)
         else:
             nbytes = comm.size * length * itemsize
             ksrc = comm.staging("in", nbytes)[:nbytes].view(inp.dtype).view(comm.size, length)
             ksrc.copy_(src_all.view(comm.size, m)[:, start : start + length])
-            _host.launch(_pull_kernel, grid, comm, cfg, ksrc, dst, length, length, **meta)
+            hint = _host.vector_hint((ksrc,), (length * itemsize,))
+            _host.launch(_pull_kernel, grid, comm, cfg, ksrc, dst, length, length, HINT=hint, **meta)
     _host.copy_back(out, dst_all)
     return _host.finish(comm, async_op)

@@ -49,8 +49,18 @@ class Group:
         return tl.load(self.members + i)
 
     @triton.jit
-    def sync(self, ctx, slot):
-        """Barrier of sync slot ``slot`` (usually the program id) across the members."""
+    def sync(self, ctx, slot, fence: tl.constexpr = True):
+        """Barrier of sync slot ``slot`` (usually the program id) across the members;
+        ``fence=False`` for a kernel's first barrier (see :func:`group_sync`)."""
         group_sync(
-            ctx, self.members, self.flags, self.epochs, self.status, self.budget, slot, self.size, self.index
+            ctx,
+            self.members,
+            self.flags,
+            self.epochs,
+            self.status,
+            self.budget,
+            slot,
+            self.size,
+            self.index,
+            fence,
         )

@@ -11,9 +11,40 @@ sequence of launches, so nothing needs resetting between calls or CUDA graph rep
 import triton
 import triton.language as tl
 
+from iris.mem import _env
+
+if _env.interpreted():
+
+    @triton.jit
+    def thread_fence():
+        """Interpreter: programs run one at a time in program order; nothing to fence."""
+        pass
+
+else:
+
+    @triton.jit
+    def thread_fence():
+        """``fence.acq_rel.sys`` in every thread: the thread's earlier loads and stores are
+        performed (at system scope) before any later memory operation. A scalar release by
+        one thread after a CTA barrier orders only what that barrier made visible; remote
+        loads still in flight in other warps (whose values are not consumed yet) could
+        otherwise be overtaken by a peer that already saw the release."""
+        tl.inline_asm_elementwise("fence.acq_rel.sys;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
 
 @triton.jit
-def group_sync(ctx, members, flags, epochs, status, budget, slot, GROUP: tl.constexpr, ME: tl.constexpr):
+def group_sync(
+    ctx,
+    members,
+    flags,
+    epochs,
+    status,
+    budget,
+    slot,
+    GROUP: tl.constexpr,
+    ME: tl.constexpr,
+    FENCE: tl.constexpr = True,
+):
     """Barrier of program ``slot`` with the same program on every member rank.
 
     :param ctx: the kernel's :class:`iris.mem.triton.Context`.
@@ -21,8 +52,14 @@ def group_sync(ctx, members, flags, epochs, status, budget, slot, GROUP: tl.cons
     :param flags: ``[slots, GROUP]`` int32 on the heap; ``epochs``: ``[slots]`` int32 on the heap.
     :param status: int64 ``[4]`` on the heap: ``[code, rank, peer, flag address]`` of a timeout.
     :param budget: spin iterations per peer before giving up.
+    :param FENCE: fence every thread first (``fence.acq_rel.sys``, about a microsecond), so
+        remote loads and stores this program issued since the last barrier are complete
+        before the peers hear of it. A kernel's first barrier, with nothing remote before
+        it, may pass False.
     """
-    tl.debug_barrier()  # every thread's earlier writes happen before the release below
+    if FENCE:
+        thread_fence()  # every thread's earlier loads and stores are performed ...
+    tl.debug_barrier()  # ... before the release below
     epoch = tl.load(epochs + slot) + 1
     tl.store(epochs + slot, epoch)
     row = flags + slot * GROUP
@@ -47,7 +84,7 @@ def record_timeout(status, rank, peer, flag):
     code = tl.cast(1, tl.int64)
     if tl.atomic_cas(status, code - 1, code, sem="relaxed", scope="gpu") == 0:
         tl.store(status + 1, tl.cast(rank, tl.int64))
-        tl.store(status + 2, peer.to(tl.int64))
+        tl.store(status + 2, tl.cast(peer, tl.int64))  # an argument equal to 1 arrives as a constexpr
         tl.store(status + 3, flag.to(tl.int64, bitcast=True))
 
 

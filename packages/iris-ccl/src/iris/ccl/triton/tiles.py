@@ -14,15 +14,24 @@ from .sync import combine, record_timeout
 
 
 @triton.jit
-def reduce_tile(ctx, group, src, offs, mask, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True):
+def reduce_tile(
+    ctx,
+    group,
+    src,
+    offs,
+    mask,
+    OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True,
+    HINT: tl.constexpr = None,
+):
     """Reduction of ``src[offs]`` over the members (pulled from each heap, in member order,
     so every rank computes bitwise the same result). Returns the accumulator (fp32 for
     floating types when ``ACC_FP32``); AVG is divided by the group size."""
-    acc = ctx.load(src + offs, group.rank(0), mask=mask, other=0)
+    acc = ctx.load(src + offs, group.rank(0), mask=mask, other=0, hint=HINT)
     if ACC_FP32:
         acc = acc.to(tl.float32)
     for i in tl.static_range(1, group.size):
-        x = ctx.load(src + offs, group.rank(i), mask=mask, other=0)
+        x = ctx.load(src + offs, group.rank(i), mask=mask, other=0, hint=HINT)
         if ACC_FP32:
             x = x.to(tl.float32)
         acc = combine(acc, x, OP)
@@ -33,28 +42,59 @@ def reduce_tile(ctx, group, src, offs, mask, OP: tl.constexpr = "sum", ACC_FP32:
 
 @triton.jit
 def all_reduce_one_shot(
-    ctx, group, src, dst, offs, mask, slot, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+    ctx,
+    group,
+    src,
+    dst,
+    offs,
+    mask,
+    slot,
+    OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True,
+    SYNC: tl.constexpr = True,
+    HINT: tl.constexpr = None,
 ):
     """Barrier, pull and reduce the tile from every member, barrier, store to the local
-    ``dst`` (which may be ``src``, and need not be on the heap)."""
-    group.sync(ctx, slot)
-    acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32)
-    group.sync(ctx, slot)
+    ``dst`` (which may be ``src``, and need not be on the heap).
+
+    With ``SYNC=False`` the barriers are left to the caller, who runs one barrier before
+    and one after its whole tile loop (a persistent kernel); ``dst`` must then not alias
+    ``src`` (a member may still read the tile). ``HINT`` (16 when every address is 16-byte
+    aligned) keeps remote accesses vectorised after translation."""
+    if SYNC:
+        group.sync(ctx, slot)
+    acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32, HINT)
+    if SYNC:
+        group.sync(ctx, slot)
     tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def all_reduce_two_shot(
-    ctx, group, src, dst, offs, mask, slot, owner, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+    ctx,
+    group,
+    src,
+    dst,
+    offs,
+    mask,
+    slot,
+    owner,
+    OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True,
+    SYNC: tl.constexpr = True,
+    HINT: tl.constexpr = None,
 ):
     """Member ``owner`` reduces the tile and pushes it into every member's ``dst`` (on the
-    heap); the others only take part in the barriers."""
-    group.sync(ctx, slot)
+    heap); the others only take part in the barriers. ``SYNC=False``: the caller runs the
+    barriers around its tile loop (``dst`` may alias ``src``: only the owner touches a tile)."""
+    if SYNC:
+        group.sync(ctx, slot)
     if owner == group.index:
-        acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32).to(dst.dtype.element_ty)
+        acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32, HINT).to(dst.dtype.element_ty)
         for i in tl.static_range(group.size):
-            ctx.store(dst + offs, acc, group.rank((group.index + i) % group.size), mask=mask)
-    group.sync(ctx, slot)
+            ctx.store(dst + offs, acc, group.rank((group.index + i) % group.size), mask=mask, hint=HINT)
+    if SYNC:
+        group.sync(ctx, slot)
 
 
 @triton.jit
@@ -144,34 +184,54 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
 
 
 @triton.jit
-def all_gather_push(ctx, group, src, dst, offs, mask, n_per_rank, slot):
+def all_gather_push(
+    ctx, group, src, dst, offs, mask, n_per_rank, slot, SYNC: tl.constexpr = True, HINT: tl.constexpr = None
+):
     """Store the local tile ``src[offs]`` into every member's ``dst`` (on the heap) at
     ``index * n_per_rank + offs``, between two barriers: the first keeps a member's ``dst``
     untouched until it has entered the collective (it may still be reading the previous
     result), the second makes every member's tiles visible. ``src`` is read locally only
-    and may be ``dst``'s own chunk (in-place all-gather)."""
+    and may be ``dst``'s own chunk (in-place all-gather). ``SYNC=False``: the caller runs
+    the barriers around its tile loop."""
     x = tl.load(src + offs, mask=mask)
     at = dst + tl.cast(group.index, tl.int64) * n_per_rank
-    group.sync(ctx, slot)
+    if SYNC:
+        group.sync(ctx, slot)
     for i in tl.static_range(group.size):
-        ctx.store(at + offs, x, group.rank((group.index + i) % group.size), mask=mask)
-    group.sync(ctx, slot)
+        ctx.store(at + offs, x, group.rank((group.index + i) % group.size), mask=mask, hint=HINT)
+    if SYNC:
+        group.sync(ctx, slot)
 
 
 @triton.jit
-def all_gather_pull(ctx, group, src, dst, offs, mask, n_per_rank, slot, src_per_rank=0):
+def all_gather_pull(
+    ctx,
+    group,
+    src,
+    dst,
+    offs,
+    mask,
+    n_per_rank,
+    slot,
+    src_per_rank=0,
+    SYNC: tl.constexpr = True,
+    HINT: tl.constexpr = None,
+):
     """Barrier, load the tile ``src[offs]`` (on the heap) of every member ``i`` into the
     local ``dst`` at ``i * n_per_rank + offs`` (``dst`` need not be on the heap), barrier
     (so no member changes its ``src`` while another still reads it). Member ``i``'s tile is
     read at ``src + i * src_per_rank``: 0 when every member's input is at the same heap
     offset; ``n_per_rank`` with ``src`` = ``dst`` for an in-place all-gather on the heap
-    (each member's input is its own chunk of ``dst``)."""
-    group.sync(ctx, slot)
+    (each member's input is its own chunk of ``dst``). ``SYNC=False``: the caller runs the
+    barriers around its tile loop."""
+    if SYNC:
+        group.sync(ctx, slot)
     for k in tl.static_range(group.size):
         i = (group.index + k) % group.size
-        x = ctx.load(src + tl.cast(i, tl.int64) * src_per_rank + offs, group.rank(i), mask=mask)
+        x = ctx.load(src + tl.cast(i, tl.int64) * src_per_rank + offs, group.rank(i), mask=mask, hint=HINT)
         tl.store(dst + tl.cast(i, tl.int64) * n_per_rank + offs, x, mask=mask)
-    group.sync(ctx, slot)
+    if SYNC:
+        group.sync(ctx, slot)
 
 
 @triton.jit
@@ -186,13 +246,20 @@ def reduce_scatter_pull(
     slot,
     OP: tl.constexpr = "sum",
     ACC_FP32: tl.constexpr = True,
+    SYNC: tl.constexpr = True,
+    HINT: tl.constexpr = None,
 ):
     """Barrier, reduce chunk ``index`` of ``src`` (on the heap, chunks ``n_per_rank``
     apart) over the members with :func:`reduce_tile`, barrier, store the tile into the local
-    ``dst`` (which may alias this rank's chunk of ``src``)."""
-    group.sync(ctx, slot)
-    acc = reduce_tile(ctx, group, src + tl.cast(group.index, tl.int64) * n_per_rank, offs, mask, OP, ACC_FP32)
-    group.sync(ctx, slot)
+    ``dst`` (which may alias this rank's chunk of ``src``: no member reads that chunk of
+    this rank). ``SYNC=False``: the caller runs the barriers around its tile loop."""
+    if SYNC:
+        group.sync(ctx, slot)
+    acc = reduce_tile(
+        ctx, group, src + tl.cast(group.index, tl.int64) * n_per_rank, offs, mask, OP, ACC_FP32, HINT
+    )
+    if SYNC:
+        group.sync(ctx, slot)
     tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
 
 
@@ -210,19 +277,40 @@ def reduce_scatter_push(
     slot,
     OP: tl.constexpr = "sum",
     ACC_FP32: tl.constexpr = True,
+    HINT: tl.constexpr = None,
 ):
     """Barrier (every member's workspace is free), push chunk ``j`` of the local ``src``
     (chunks ``n_per_rank`` apart) into member ``j``'s workspace ``ws`` (on the heap, slots
     ``ws_per_rank`` apart) at slot ``index``, barrier, reduce the ``size`` slots of the
     local workspace in member order (bitwise the same as :func:`reduce_scatter_pull`) and
-    store the tile into the local ``dst``."""
-    at = ws + tl.cast(group.index, tl.int64) * ws_per_rank
+    store the tile into the local ``dst``. A persistent kernel runs the two halves itself:
+    :func:`reduce_scatter_push_send` over its tiles, a barrier, then
+    :func:`reduce_scatter_push_reduce` over its tiles."""
     group.sync(ctx, slot)
+    reduce_scatter_push_send(ctx, group, src, ws, offs, mask, n_per_rank, ws_per_rank, HINT)
+    group.sync(ctx, slot)
+    reduce_scatter_push_reduce(group, dst, ws, offs, mask, ws_per_rank, OP, ACC_FP32)
+
+
+@triton.jit
+def reduce_scatter_push_send(
+    ctx, group, src, ws, offs, mask, n_per_rank, ws_per_rank, HINT: tl.constexpr = None
+):
+    """First half of :func:`reduce_scatter_push` (no barrier): push chunk ``j`` of the local
+    tile into member ``j``'s workspace at slot ``index``."""
+    at = ws + tl.cast(group.index, tl.int64) * ws_per_rank
     for k in tl.static_range(group.size):
         j = (group.index + k) % group.size
         x = tl.load(src + tl.cast(j, tl.int64) * n_per_rank + offs, mask=mask)
-        ctx.store(at + offs, x, group.rank(j), mask=mask)
-    group.sync(ctx, slot)
+        ctx.store(at + offs, x, group.rank(j), mask=mask, hint=HINT)
+
+
+@triton.jit
+def reduce_scatter_push_reduce(
+    group, dst, ws, offs, mask, ws_per_rank, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True
+):
+    """Second half of :func:`reduce_scatter_push` (no barrier): reduce the local workspace
+    slots of the tile in member order into the local ``dst``."""
     acc = tl.load(ws + offs, mask=mask, other=0)
     if ACC_FP32:
         acc = acc.to(tl.float32)
@@ -237,31 +325,61 @@ def reduce_scatter_push(
 
 
 @triton.jit
-def all_to_all_push(ctx, group, src, dst, offs, mask, src_per_rank, dst_per_rank, slot):
+def all_to_all_push(
+    ctx,
+    group,
+    src,
+    dst,
+    offs,
+    mask,
+    src_per_rank,
+    dst_per_rank,
+    slot,
+    SYNC: tl.constexpr = True,
+    HINT: tl.constexpr = None,
+):
     """Barrier, store chunk ``j`` of the local ``src`` (chunks ``src_per_rank`` apart) into
     member ``j``'s ``dst`` (on the heap, chunks ``dst_per_rank`` apart) at chunk ``index``,
-    barrier. ``src`` must not overlap ``dst``."""
+    barrier. ``src`` must not overlap ``dst``. ``SYNC=False``: the caller runs the barriers
+    around its tile loop."""
     at = dst + tl.cast(group.index, tl.int64) * dst_per_rank
-    group.sync(ctx, slot)
+    if SYNC:
+        group.sync(ctx, slot)
     for k in tl.static_range(group.size):
         j = (group.index + k) % group.size
         x = tl.load(src + tl.cast(j, tl.int64) * src_per_rank + offs, mask=mask)
-        ctx.store(at + offs, x, group.rank(j), mask=mask)
-    group.sync(ctx, slot)
+        ctx.store(at + offs, x, group.rank(j), mask=mask, hint=HINT)
+    if SYNC:
+        group.sync(ctx, slot)
 
 
 @triton.jit
-def all_to_all_pull(ctx, group, src, dst, offs, mask, src_per_rank, dst_per_rank, slot):
+def all_to_all_pull(
+    ctx,
+    group,
+    src,
+    dst,
+    offs,
+    mask,
+    src_per_rank,
+    dst_per_rank,
+    slot,
+    SYNC: tl.constexpr = True,
+    HINT: tl.constexpr = None,
+):
     """Barrier, load chunk ``index`` of member ``j``'s ``src`` (on the heap, chunks
     ``src_per_rank`` apart) into chunk ``j`` of the local ``dst`` (chunks ``dst_per_rank``
-    apart), barrier. ``src`` must not overlap ``dst``."""
+    apart), barrier. ``src`` must not overlap ``dst``. ``SYNC=False``: the caller runs the
+    barriers around its tile loop."""
     at = src + tl.cast(group.index, tl.int64) * src_per_rank
-    group.sync(ctx, slot)
+    if SYNC:
+        group.sync(ctx, slot)
     for k in tl.static_range(group.size):
         j = (group.index + k) % group.size
-        x = ctx.load(at + offs, group.rank(j), mask=mask)
+        x = ctx.load(at + offs, group.rank(j), mask=mask, hint=HINT)
         tl.store(dst + tl.cast(j, tl.int64) * dst_per_rank + offs, x, mask=mask)
-    group.sync(ctx, slot)
+    if SYNC:
+        group.sync(ctx, slot)
 
 
 # --------------------------------------------------------------------------- rooted collectives

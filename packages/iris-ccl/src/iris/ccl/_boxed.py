@@ -1,0 +1,126 @@
+"""The ``boxed`` variant of all_reduce, all_gather, reduce_scatter and all_to_all: one
+barrier per launch, for small and medium messages.
+
+Every member's staging buffer "push" holds two banks (launch parity) of ``G`` boxes, box
+``i`` receiving member ``i``'s data. Program ``p`` of a launch:
+
+1. stores its tiles ``p, p + P, ...`` of what member ``j`` needs (the whole input, or
+   chunk ``j`` of it) into box ``ME`` of bank ``parity`` on every other member ``j``;
+2. synchronises once with program ``p`` of every member (release/acquire, system scope):
+   its tiles from everyone have arrived;
+3. combines the same tiles locally: its own data and the ``G - 1`` boxes, in member order
+   (a reduction, bitwise the same on every rank, or a copy into each member's chunk).
+
+A member may run ahead into the next launch while a peer still reads its boxes of this one:
+the next launch uses the other bank. It cannot get two launches ahead, because the next
+launch's barrier needs every peer to have started it, which needs them to have finished
+this one (kernels of a stream run one after another). ``launches[0]`` counts the programs
+of this launch that finished, ``launches[1]`` the finished launches: the last program to
+finish flips the parity, and every program of the next launch reads it at its start.
+
+Against ``push``/``pull`` it saves one barrier per launch (the start barrier: boxes are
+always free) and writes only the caller's local memory, so inputs and outputs may be any
+tensors; it costs a local pass over the boxes and launches of at most one box each.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _host
+from .config import Config
+from .triton import Group, combine
+
+#: Bytes before the boxes in the staging buffer: the launch counters.
+_HEADER = 256
+#: What each collective sends to member ``j`` and what it does with what arrives.
+MODES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+@triton.jit
+def _boxed_kernel(
+    context, members, flags, epochs, status, budget, src, dst, boxes, launches, n, src_stride, dst_stride,
+    box_stride,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
+):  # fmt: skip
+    """Member ``j`` is sent ``src[j * src_stride + t]`` (``src_stride`` 0: the same data to
+    everyone); member ``i``'s data ends in ``dst[i * dst_stride + t]`` (reductions: ``dst[t]``)."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    ntiles = tl.cdiv(n, BLOCK)
+    bank = boxes + (tl.load(launches + 1) % 2).to(tl.int64) * GROUP * box_stride
+    mine = bank + ME * box_stride
+    t = pid
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        for k in tl.static_range(1, GROUP):
+            j = (ME + k) % GROUP
+            x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=mask)
+            ctx.store(mine + offs, x, group.rank(j), mask=mask, hint=HINT)
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
+    own = src + tl.cast(ME, tl.int64) * src_stride
+    t = pid
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        if MODE == "all_reduce" or MODE == "reduce_scatter":
+            acc = tl.load((own if ME == 0 else bank) + offs, mask=mask, other=0)
+            if ACC_FP32:
+                acc = acc.to(tl.float32)
+            for i in tl.static_range(1, GROUP):
+                x = tl.load((own if i == ME else bank + i * box_stride) + offs, mask=mask, other=0)
+                if ACC_FP32:
+                    x = x.to(tl.float32)
+                acc = combine(acc, x, OP)
+            if OP == "avg":
+                acc = acc / GROUP
+            tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+        else:
+            for i in tl.static_range(GROUP):
+                x = tl.load((own if i == ME else bank + i * box_stride) + offs, mask=mask)
+                tl.store(dst + tl.cast(i, tl.int64) * dst_stride + offs, x, mask=mask)
+        t += tl.num_programs(0)
+    # The last program of this launch to finish flips the parity for the next launch.
+    tl.debug_barrier()
+    if tl.atomic_add(launches, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.atomic_xchg(launches, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(launches + 1, 1, sem="release", scope="gpu")
+
+
+def run(
+    mode: str,
+    comm,
+    cfg: Config,
+    src_all: torch.Tensor,
+    dst_all: torch.Tensor,
+    per_member: int,
+    op: str = "sum",
+) -> None:
+    """Run ``mode`` over ``per_member`` elements per member: ``src_all`` and ``dst_all`` are
+    flat, contiguous and may be any tensors (``dst_all`` may be ``src_all`` for an
+    all-reduce). Reductions: ``op`` is the ReduceOp value."""
+    itemsize = src_all.element_size()
+    buf = comm.staging("push", 0, zero=True)
+    launches = buf[:8].view(torch.int32)
+    # Two banks of G boxes, each a multiple of 64 elements so every box is 16-byte aligned.
+    box_stride = (buf.numel() - _HEADER) // (2 * comm.size * itemsize) // 64 * 64
+    boxes = buf[_HEADER : _HEADER + 2 * comm.size * box_stride * itemsize].view(src_all.dtype)
+    src_stride = per_member if mode in ("reduce_scatter", "all_to_all") else 0
+    dst_stride = per_member if mode in ("all_gather", "all_to_all") else 0
+    meta = {"MODE": mode, "OP": op, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
+    for start, length in _host.chunks(per_member, min(box_stride, cfg.chunk_elements or box_stride)):
+        src, dst = src_all[start:], dst_all[start:]
+        strides = (src_stride * itemsize, dst_stride * itemsize, box_stride * itemsize)
+        meta["HINT"] = _host.vector_hint((src, dst, boxes), strides)
+        _host.launch(
+            _boxed_kernel, _host.persistent_grid(comm, cfg, length), comm, cfg,
+            src, dst, boxes, launches, length, src_stride, dst_stride, box_stride, **meta,
+        )  # fmt: skip
