@@ -1,0 +1,36 @@
+"""Run the iris.ops examples (``examples/2[0-3]_*.py``) under torchrun; every rank must validate.
+
+From an sdist (no examples folder) the tests skip. One odd world on the CPU backend (3
+ranks; ``nox -s examples`` also runs every example with 1), 2 ranks on GPUs.
+"""
+
+from pathlib import Path
+
+import pytest
+from ops_testutils import BACKEND, require_world
+
+from iris.mem.testing import run_example
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = sorted(EXAMPLES_DIR.glob("2[0-3]_*.py")) if EXAMPLES_DIR.is_dir() else []
+WORLD = 2 if BACKEND == "cuda" else 3
+
+
+@pytest.mark.skipif(not EXAMPLES, reason=f"no examples found at {EXAMPLES_DIR} (not a source checkout)")
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example(path: Path) -> None:
+    require_world(WORLD)
+    run_example(path, WORLD, timeout=300)
+
+
+@pytest.mark.skipif(not EXAMPLES, reason=f"no examples found at {EXAMPLES_DIR} (not a source checkout)")
+def test_every_op_has_an_example():
+    names = {p.stem.split("_", 1)[1] for p in EXAMPLES}
+    assert names == {
+        "matmul_all_reduce",
+        "all_gather_matmul",
+        "matmul_all_gather",
+        "matmul_reduce_scatter",
+    }, names
