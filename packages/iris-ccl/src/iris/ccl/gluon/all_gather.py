@@ -50,7 +50,9 @@ def _push_kernel(
     offs = pid * BLOCK + gl.arange(0, BLOCK, layout=layout)
     at = dst + gl.cast(ME, gl.int64) * n_per_rank
     whole = (pid + 1) * BLOCK <= n
-    aligned = (n_per_rank % VEC == 0) & (at.to(gl.int64, bitcast=True) % VECTOR_BYTES == 0)
+    # hint=VECTOR_BYTES promises 16-byte-aligned runs: every member's chunk must start on one.
+    PER_VECTOR: gl.constexpr = VECTOR_BYTES // (src.dtype.element_ty.primitive_bitwidth // 8)
+    aligned = (n_per_rank % PER_VECTOR == 0) & (at.to(gl.int64, bitcast=True) % VECTOR_BYTES == 0)
     if whole & aligned:
         x = gl.load(src + offs)
         group.sync(ctx, pid)
