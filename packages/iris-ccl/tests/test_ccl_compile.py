@@ -256,7 +256,7 @@ def child_main() -> dict:
                 failures.append(f"{what}: no cubin")
             if qualname.startswith("iris.ccl.all_reduce.") or fn.is_gluon():
                 failures += [f"{what}: {p}" for p in _check_sys_ordering(k.asm["ptx"])]
-            if fn.is_gluon() and _thread_bytes(profile) >= 16:
+            if fn.is_gluon() and profile.get("HINT") == 16 and _thread_bytes(profile) >= 16:
                 failures += [f"{what}: {p}" for p in _check_vector_stores(k.asm["ptx"])]
             compiled[qualname] = compiled.get(qualname, 0) + 1
         if unknown_all:

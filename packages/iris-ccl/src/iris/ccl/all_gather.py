@@ -10,8 +10,9 @@ Variants (``Config.variant``):
 * ``pull``: after a start barrier (every input is ready) each rank loads the tile of every
   member's input into its own output; an end barrier keeps the inputs unchanged until
   every member has read them. Needs the input on the heap; the output is written locally.
-* ``gluon``: ``push`` written in Gluon with an explicit layout, so remote stores are
-  16-byte vectors per thread (:mod:`iris.ccl.gluon.all_gather`). Needs the ``cuda`` backend.
+* ``gluon``: ``push`` in a Gluon kernel whose explicit layout gives each thread 16-byte
+  runs, stored into the peers as 16-byte vectors (:mod:`iris.ccl.gluon.all_gather`). Needs
+  the ``cuda`` backend.
 
 Both move ``(G-1)`` tiles per tile per rank. A message larger than one launch covers is
 split into the same sub-range of every rank's chunk per launch.
@@ -128,11 +129,9 @@ def all_gather(
     push = cfg.variant != "pull"  # gluon pushes too
     # Staged, one launch covers `length` elements of every member's chunk in the staging
     # buffer (push: size * length outputs; pull: length inputs).
-    gluon = cfg.variant == "gluon"  # per-tile kernel: one program per tile
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 1 if gluon else 0)
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 0)
     for start, length in _host.chunks(n, per_launch):
         src = src_all[start : start + length]
-        grid = _host.cdiv(length, cfg.block_size)
         extra = () if push else (0,)  # pull: where each member's input is (see tiles.all_gather_pull)
         if in_place:
             ksrc, kdst, stride = src, dst_all[start:], n
@@ -144,12 +143,10 @@ def all_gather(
             kdst = kdst.view(inp.dtype)
         else:  # members pull from the staged input; the output is written locally
             ksrc, kdst, stride = comm.staged_copy("in", src), dst_all[start:], n
-        meta = {}
-        if not gluon:
-            grid = _host.persistent_grid(comm, cfg, length)
-            strides = (stride * itemsize, *(e * itemsize for e in extra))
-            meta["HINT"] = _host.vector_hint((ksrc, kdst), strides)
-        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, stride, *extra, **meta)
+        grid = _host.persistent_grid(comm, cfg, length)
+        strides = (stride * itemsize, *(e * itemsize for e in extra))
+        hint = _host.vector_hint((ksrc, kdst), strides)
+        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, stride, *extra, HINT=hint)
         if not in_place and push:
             dst_all.view(comm.size, n)[:, start : start + length].copy_(kdst.view(comm.size, length))
     _host.copy_back(out, dst_all)

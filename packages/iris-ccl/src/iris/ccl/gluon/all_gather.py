@@ -1,11 +1,12 @@
 """Gluon all-gather (push): the kernel behind ``all_gather(..., config=Config(variant="gluon"))``.
 
-The same algorithm as the Triton ``push`` variant (see :mod:`iris.ccl.all_gather`), written
-with an explicit layout: every thread owns 16-byte runs of the tile, so each remote store to
-a peer over NVLink is one 16-byte vector per thread. Synchronisation is the Triton variants'
-own (:meth:`iris.ccl.triton.Group.sync`: per-program flags on the heap, generation
-counters, release/acquire at system scope, bounded spins that record a timeout), so the
-variants share the communicator's flags and can be mixed call by call.
+The Triton ``push`` variant's algorithm and code (:func:`iris.ccl.triton.tiles.all_gather_push`
+and :meth:`iris.ccl.triton.Group.sync`: per-program flags on the heap, generation counters,
+release/acquire at system scope, bounded spins that record a timeout), run in a Gluon
+kernel whose explicit layout gives every thread 16-byte runs of the tile; whole tiles go
+without a mask, so with ``HINT=16`` (every chunk 16-byte aligned, decided on the host) each
+run is one 16-byte vector store into each peer over NVLink. The variants share the
+communicator's flags and can be mixed call by call.
 """
 
 from triton.experimental import gluon
@@ -13,10 +14,10 @@ from triton.experimental.gluon import language as gl
 
 from iris.mem.gluon import Context
 
-from ..triton import Group
+from ..triton import Group, tiles
 
-#: Bytes each thread moves per vector access.
-VECTOR_BYTES: gl.constexpr = gl.constexpr(16)
+#: Bytes each thread owns per run of a tile.
+VECTOR_BYTES = 16
 
 
 @gluon.constexpr_function
@@ -29,39 +30,30 @@ def vector_width(dtype, block, num_warps):
     return width
 
 
-# n_per_rank == 1 would be specialised to a constexpr, which folds the alignment test and
-# trips an assertion in Triton 3.6's lowering of this kernel: keep it a runtime value.
-@gluon.jit(do_not_specialize=["n_per_rank"])
+@gluon.jit
 def _push_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
     RANK: gl.constexpr, WORLD: gl.constexpr, GROUP: gl.constexpr, ME: gl.constexpr, BLOCK: gl.constexpr,
+    HINT: gl.constexpr = None,
 ):  # fmt: skip
-    """Program ``p`` loads tile ``p`` of the local ``src`` (``n`` elements) and stores it into
-    every member's ``dst`` (on the heap) at ``ME * n_per_rank``, between two barriers of sync
-    slot ``p`` (see :func:`iris.ccl.triton.tiles.all_gather_push`). A whole tile whose
-    destination is 16-byte aligned goes out as 16-byte vectors; the last, partial tile and
-    unaligned layouts (``n_per_rank`` not a multiple of 16 bytes) take a masked path.
-    ``RANK`` and ``WORLD`` are unused: the Gluon context reads them from ``context``."""
+    """Persistent, like the Triton ``push`` kernel: program ``p`` pushes tiles ``p, p + P,
+    ...`` of the local ``src`` (``n`` elements) into every member's ``dst`` (on the heap) at
+    ``ME * n_per_rank``, between one start and one end barrier of sync slot ``p``. ``HINT``:
+    16 when every chunk is 16-byte aligned, else None. ``RANK`` and ``WORLD`` are unused:
+    the Gluon context reads them from ``context``."""
     ctx = Context.initialize(context)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     VEC: gl.constexpr = vector_width(src.dtype.element_ty, BLOCK, gl.num_warps())
-    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
+    lanes = gl.arange(0, BLOCK, layout=gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0]))
     pid = gl.program_id(0)
-    offs = pid * BLOCK + gl.arange(0, BLOCK, layout=layout)
-    at = dst + gl.cast(ME, gl.int64) * n_per_rank
-    whole = (pid + 1) * BLOCK <= n
-    # hint=VECTOR_BYTES promises 16-byte-aligned runs: every member's chunk must start on one.
-    PER_VECTOR: gl.constexpr = VECTOR_BYTES // (src.dtype.element_ty.primitive_bitwidth // 8)
-    aligned = (n_per_rank % PER_VECTOR == 0) & (at.to(gl.int64, bitcast=True) % VECTOR_BYTES == 0)
-    if whole & aligned:
-        x = gl.load(src + offs)
-        group.sync(ctx, pid)
-        for i in gl.static_range(GROUP):
-            ctx.store(at + offs, x, group.rank((ME + i) % GROUP), hint=VECTOR_BYTES)
-    else:
-        mask = offs < n
-        x = gl.load(src + offs, mask=mask)
-        group.sync(ctx, pid)
-        for i in gl.static_range(GROUP):
-            ctx.store(at + offs, x, group.rank((ME + i) % GROUP), mask=mask)
+    group.sync(ctx, pid, False)
+    t = pid
+    ntiles = gl.cdiv(n, BLOCK)
+    while t < ntiles:
+        offs = t * BLOCK + lanes
+        if (t + 1) * BLOCK <= n:  # a whole tile: unmasked, so each thread's run is one vector
+            tiles.all_gather_push(ctx, group, src, dst, offs, None, n_per_rank, pid, False, HINT)
+        else:
+            tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
+        t += gl.num_programs(0)
     group.sync(ctx, pid)
