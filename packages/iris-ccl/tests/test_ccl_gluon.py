@@ -5,7 +5,7 @@ Gluon kernels do not run in Triton's interpreter. The CPU tier checks the clear 
 (16-byte vector stores, release/acquire flags at system scope). test_ccl_all_gather's whole
 matrix runs the variant on GPUs (``IRIS_BACKEND=cuda``), and test_ccl_gpu captures and
 replays it in CUDA graphs. The GPU tests here add what those do not reach: sizes whose
-tiles take the 16-byte vector path, compared with NCCL's ``all_gather_into_tensor``; graph
+tiles are stored as 16-byte vectors, compared with NCCL's ``all_gather_into_tensor``; graph
 replay on that path; the variant interleaved with the Triton ones on one communicator; and
 a wait that times out being reported.
 """
@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.timeout(600)]
 gpu_only = pytest.mark.skipif(BACKEND != "cuda", reason="Gluon kernels need GPUs: run with IRIS_BACKEND=cuda")
 
 WORLD_TIMEOUT = 400.0
-#: Elements per rank: whole 1024- and 4096-element tiles with 16-byte-aligned chunks (the
-#: vector path), a partial last tile, and an odd count (every tile on the masked path).
+#: Elements per rank: whole 1024- and 4096-element tiles with 16-byte-aligned chunks (16-byte
+#: vector stores), a partial last tile, and an odd count (unaligned chunks: no vectors).
 SIZES = [4096 * 6, 1024 * 5 + 8, (1 << 20) + 64, 100_003]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
 
