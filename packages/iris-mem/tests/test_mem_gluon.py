@@ -29,7 +29,7 @@ from test_mem_compile import (
     run_child,
     toolchain_missing,
 )
-from test_mem_gpu import _wait_at_least
+from test_mem_gpu import message_rounds
 from test_mem_rma import TILE_M, TILE_N
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -248,27 +248,12 @@ def _contention_kernel(context, c32, c64, cf32, log, ITERS: gl.constexpr):
 
 @gluon.jit
 def _message_passing_kernel(context, data, flag, ack, errors, rounds, budget, BLOCK: gl.constexpr):
-    """A ring, all ranks at once, ``rounds`` rounds in one launch: store round r's block into
-    the next rank's ``data`` (plain stores), raise its ``flag`` (release, sys), wait for the
-    own flag (acquire, sys), count stale or torn elements, acknowledge to the previous rank,
-    and wait for the next rank's acknowledgement before overwriting its data."""
+    """test_mem_gpu's message passing (:func:`message_rounds`) around a ring of any size,
+    in a Gluon layout."""
     ctx = Context.initialize(context)
     nxt = (ctx.rank + 1) % ctx.world_size
     prv = (ctx.rank + ctx.world_size - 1) % ctx.world_size
-    offs = _lanes(BLOCK)
-    bad = rounds * 0
-    for r in range(1, rounds + 1):
-        ctx.store(data + offs, offs + r, nxt)
-        ctx.atomic_xchg(flag, r, nxt, sem="release", scope="sys")
-        if _wait_at_least(flag, r, budget):
-            got = gl.load(data + offs, volatile=True)
-            bad += gl.sum((got != offs + r).to(gl.int32), axis=0)
-        else:
-            bad += 1000000
-        ctx.atomic_xchg(ack, r, prv, sem="release", scope="sys")
-        if not _wait_at_least(ack, r, budget):
-            bad += 1000000
-    gl.store(errors, bad)
+    gl.store(errors, message_rounds(ctx, data, flag, ack, _lanes(BLOCK), nxt, prv, rounds, budget))
 
 
 @gluon.jit

@@ -47,27 +47,36 @@ def _wait_at_least(ptr, value, budget):
 
 
 @triton.jit
-def _message_passing_kernel(
-    context, data, flag, ack, errors, rounds, budget, RANK: tl.constexpr, WORLD: tl.constexpr
-):
-    """Both ranks at once: send round r's block to the peer (relaxed stores), raise the
-    peer's flag (release), wait for the own flag (acquire), check the received block, ack."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    peer = 1 - RANK
-    offs = tl.arange(0, 64)
-    bad = tl.full([], 0, tl.int32)
+def message_rounds(ctx, data, flag, ack, offs, nxt, prv, rounds, budget):
+    """``rounds`` rounds of message passing in a ring, in one launch: store round r's block
+    into ``nxt``'s ``data`` (plain stores), raise its ``flag`` (release, sys), wait for the
+    own flag (acquire, sys), count stale or torn elements, acknowledge to ``prv`` and wait
+    for ``nxt``'s acknowledgement before overwriting its data. Returns the count (1e6 per
+    wait that ran out of ``budget``). Layout-free: Gluon kernels call it too (test_mem_gluon)."""
+    bad = rounds * 0
     for r in range(1, rounds + 1):
-        ctx.store(data + offs, offs + r, peer)
-        ctx.atomic_xchg(flag, r, peer, sem="release", scope="sys")
+        ctx.store(data + offs, offs + r, nxt)
+        ctx.atomic_xchg(flag, r, nxt, sem="release", scope="sys")
         if _wait_at_least(flag, r, budget):
             got = tl.load(data + offs, volatile=True)
             bad += tl.sum((got != offs + r).to(tl.int32), axis=0)
         else:
             bad += 1000000
-        ctx.atomic_xchg(ack, r, peer, sem="release", scope="sys")  # the peer may overwrite data
+        ctx.atomic_xchg(ack, r, prv, sem="release", scope="sys")  # the peer may overwrite data
         if not _wait_at_least(ack, r, budget):
             bad += 1000000
-    tl.store(errors, bad)
+    return bad
+
+
+@triton.jit
+def _message_passing_kernel(
+    context, data, flag, ack, errors, rounds, budget, RANK: tl.constexpr, WORLD: tl.constexpr
+):
+    """Both ranks at once, :func:`message_rounds` with the other rank."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    tl.store(
+        errors, message_rounds(ctx, data, flag, ack, tl.arange(0, 64), 1 - RANK, 1 - RANK, rounds, budget)
+    )
 
 
 def message_passing_body(rank, world_size):
