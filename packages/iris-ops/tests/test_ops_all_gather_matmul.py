@@ -39,12 +39,14 @@ CASES = {
     3: [
         dict(dtype=torch.float32, shard=(13, 43), n=29, bias=False, out_kind="plain", gather_dim=0),
         dict(dtype=torch.float16, shard=(37, 11), n=29, bias=True, out_kind="heap", gather_dim=1, repeat=2),
-        dict(dtype=torch.bfloat16, shard=(16, 32), n=48, bias=True, out_kind="strided", gather_dim=0),
+        dict(
+            dtype=torch.bfloat16, shard=(16, 32), n=48, bias=True, out_kind="strided", gather_dim=0, tma=True
+        ),
     ],
 }
 
 
-def agm_case(rank, world, case, heap, dtype, shard, n, bias, out_kind, gather_dim, repeat=1):
+def agm_case(rank, world, case, heap, dtype, shard, n, bias, out_kind, gather_dim, repeat=1, tma=None):
     import iris.ops
 
     ms, ks = shard
@@ -56,11 +58,15 @@ def agm_case(rank, world, case, heap, dtype, shard, n, bias, out_kind, gather_di
         a_shard = rand(shard, dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(rank, case, 3 * i + 2)) if bias else None
-        returned = iris.ops.all_gather_matmul(out, a_shard, b, vec, gather_dim=gather_dim, workspace=ws)
+        cfg = iris.ops.Config(tma=tma)
+        returned = iris.ops.all_gather_matmul(
+            out, a_shard, b, vec, gather_dim=gather_dim, workspace=ws, config=cfg
+        )
         want = gathered(a_shard, gather_dim).double() @ b.double() + (vec.double() if bias else 0)
         return returned, out, want, want.abs().max().item()
 
-    what = f"world={world} {dtype_name(dtype)} shard={shard} n={n} bias={bias} {out_kind} dim={gather_dim}"
+    what = f"world={world} {dtype_name(dtype)} shard={shard} n={n} bias={bias} {out_kind}"
+    what += f" dim={gather_dim} tma={tma}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems

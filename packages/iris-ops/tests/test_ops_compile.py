@@ -59,23 +59,20 @@ SCALARS = {
 }
 #: Strides of contiguous operands: a launch specialises the value 1 into a constant.
 UNIT_STRIDES = {"stride_ak", "stride_bn", "stride_on"}
-#: (name, dtype, rows, cols of the output tiles, extra constexprs) per profile.
+
+
+def _flags(even_k: bool, bias: bool, split_n: bool, gather_k: bool, tma: bool = False) -> dict:
+    return {"EVEN_K": even_k, "HAS_BIAS": bias, "SPLIT_N": split_n, "GATHER_K": gather_k, "TMA": tma}
+
+
+#: Operands read through tensor descriptors when a profile turns TMA on: (name, block dims).
+DESCRIPTORS = {"a_desc": ("block_m", "block_k"), "b_desc": ("block_k", "block_n")}
+#: (name, dtype, rows, cols of the output tiles, flags) per profile.
 PROFILES = [
-    (
-        "bf16 prefill",
-        "bf16",
-        8192,
-        8192,
-        {"EVEN_K": True, "HAS_BIAS": True, "SPLIT_N": False, "GATHER_K": False},
-    ),
-    ("fp16 decode", "fp16", 64, 8192, {"EVEN_K": True, "HAS_BIAS": False, "SPLIT_N": True, "GATHER_K": True}),
-    (
-        "fp32 tf32",
-        "fp32",
-        1024,
-        4096,
-        {"EVEN_K": False, "HAS_BIAS": True, "SPLIT_N": False, "GATHER_K": True},
-    ),
+    ("bf16 prefill", "bf16", 8192, 8192, _flags(True, True, False, False)),
+    ("fp16 decode", "fp16", 64, 8192, _flags(True, False, True, True)),
+    ("fp32 tf32", "fp32", 1024, 4096, _flags(False, True, False, True)),
+    ("bf16 TMA", "bf16", 8192, 8192, _flags(False, False, True, False, tma=True)),
 ]
 COMMON = {"RANK": 1, "WORLD": 2, "GROUP": 2, "ME": 1, "ALL_REDUCE": True, "ALIGNED": True, "PUSH_K": 128}
 
@@ -89,11 +86,22 @@ def _unmappable_kernel(context, members, mystery_ptr, M, RANK: tl.constexpr, SEC
 # --------------------------------------------------------------------------- child side
 
 
-def signature_for(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, list[str], list[str]]:
-    """(signature, constexpr values, 16-divisible argument names, unknown names) of ``fn``."""
+def signature_for(fn, dtype: str, constexprs: dict, cfg=None) -> tuple[dict, dict, list[str], list[str]]:
+    """(signature, constexpr values, 16-divisible argument names, unknown names) of ``fn``;
+    with ``constexprs["TMA"]`` descriptors (blocks from ``cfg``) replace A and B pointers."""
     sig, values, divisible, unknown = {}, {}, [], []
+    tma = constexprs.get("TMA", False)
+    constexprs = {**constexprs, "TMA_A": tma, "TMA_B": tma}
     for p in fn.params:
         name = p.name
+        if name in DESCRIPTORS and tma:
+            rows, cols = (getattr(cfg, f) for f in DESCRIPTORS[name])
+            sig[name] = f"tensordesc<{dtype}[{rows}, {cols}]>"
+            continue
+        if name in DESCRIPTORS:  # TMA off: the launcher passes the tensor itself
+            sig[name] = "*" + dtype
+            divisible.append(name)
+            continue
         if p.is_constexpr or name in UNIT_STRIDES:
             sig[name] = "constexpr"
             if name in UNIT_STRIDES:
@@ -186,13 +194,14 @@ def child_main() -> dict:
                 **COMMON, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                 "GROUP_M": cfg.group_m,
             }  # fmt: skip
-            sig, values, divisible, unknown = signature_for(fn, dtype, constexprs)
+            sig, values, divisible, unknown = signature_for(fn, dtype, constexprs, cfg)
             if unknown:
                 failures.append(f"{qualname}: parameters {unknown} are not in test_ops_compile's tables")
                 break
             names = list(fn.arg_names)
             attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
             what = f"{qualname} ({label}, {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps)"
+            tma = extra["TMA"]
             try:
                 k = triton.compile(
                     ASTSource(fn, sig, constexprs=values, attrs=attrs),
@@ -205,6 +214,8 @@ def child_main() -> dict:
             if not k.asm.get("cubin"):
                 failures.append(f"{what}: no cubin")
             failures += [f"{what}: {p}" for p in ptx_problems(k.asm["ptx"])]
+            if tma and "cp.async.bulk.tensor" not in k.asm["ptx"]:
+                failures.append(f"{what}: no cp.async.bulk.tensor although operands are tensor descriptors")
             itemsize = 4 if dtype == "fp32" else 2
             stage = (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
             if k.metadata.shared < 2 * stage:

@@ -34,7 +34,7 @@ CASES = {
     ],
     2: [
         dict(dtype=torch.bfloat16, shape=SHAPES[0], bias=True, out_kind="plain", repeat=2),
-        dict(dtype=torch.float16, shape=SHAPES[1], bias=False, out_kind="heap"),
+        dict(dtype=torch.float16, shape=SHAPES[1], bias=False, out_kind="heap", tma=True),
     ],
     3: [
         dict(dtype=torch.float32, shape=SHAPES[2], bias=True, out_kind="heap", repeat=2),
@@ -44,7 +44,7 @@ CASES = {
 }
 
 
-def mag_case(rank, world, case, heap, dtype, shape, bias, out_kind, repeat=1):
+def mag_case(rank, world, case, heap, dtype, shape, bias, out_kind, repeat=1, tma=None):
     import iris.ops
 
     m, n, k = shape
@@ -55,12 +55,12 @@ def mag_case(rank, world, case, heap, dtype, shape, bias, out_kind, repeat=1):
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(rank, case, 3 * i + 2)) if bias else None  # each rank its own
-        returned = iris.ops.matmul_all_gather(out, a, b, vec, workspace=ws)
+        returned = iris.ops.matmul_all_gather(out, a, b, vec, workspace=ws, config=iris.ops.Config(tma=tma))
         mine = a.double() @ b.double() + (vec.double() if bias else 0)
         want = gathered(mine, 0)
         return returned, out, want, want.abs().max().item()
 
-    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind}"
+    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} tma={tma}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems

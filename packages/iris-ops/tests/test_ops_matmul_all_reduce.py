@@ -39,7 +39,7 @@ CASES = {
     2: [
         dict(dtype=torch.bfloat16, shape=SHAPES[0], bias=True, out_kind="heap", split="m"),
         dict(dtype=torch.float32, shape=SHAPES[2], bias=False, out_kind="plain", split="n"),
-        dict(dtype=torch.float16, shape=SHAPES[1], bias=True, out_kind="strided", split="auto"),
+        dict(dtype=torch.float16, shape=SHAPES[1], bias=True, out_kind="strided", split="auto", tma=True),
     ],
     3: [
         dict(dtype=torch.bfloat16, shape=SHAPES[0], bias=True, out_kind="plain", split="m", repeat=2),
@@ -51,7 +51,9 @@ CASES = {
 }
 
 
-def ar_case(rank, world, case, heap, dtype, shape, bias, out_kind, split="auto", repeat=1, group=None):
+def ar_case(
+    rank, world, case, heap, dtype, shape, bias, out_kind, split="auto", repeat=1, group=None, tma=None
+):
     """``repeat`` calls on one workspace against the reference; returns the problems found."""
     import iris.ops
 
@@ -63,13 +65,13 @@ def ar_case(rank, world, case, heap, dtype, shape, bias, out_kind, split="auto",
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        cfg = iris.ops.Config(split=split)
+        cfg = iris.ops.Config(split=split, tma=tma)
         returned = iris.ops.matmul_all_reduce(out, a, b, vec, config=cfg, group=group, workspace=ws)
         partial = a.double() @ b.double()
         want = summed(partial, group) + (vec.double() if bias else 0)
         return returned, out, want, world * peak(partial, group) + want.abs().max().item()
 
-    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} split={split}"
+    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} split={split} tma={tma}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems

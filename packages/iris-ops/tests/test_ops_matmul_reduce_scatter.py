@@ -40,12 +40,19 @@ CASES = {
     3: [
         dict(dtype=torch.bfloat16, shape=(39, 29, 43), bias=True, out_kind="plain", scatter_dim=0, repeat=2),
         dict(dtype=torch.float32, shape=(37, 3 * 11, 43), bias=True, out_kind="heap", scatter_dim=1),
-        dict(dtype=torch.float16, shape=(3 * 2, 48, 32), bias=False, out_kind="strided", scatter_dim=0),
+        dict(
+            dtype=torch.float16,
+            shape=(3 * 2, 48, 32),
+            bias=False,
+            out_kind="strided",
+            scatter_dim=0,
+            tma=True,
+        ),
     ],
 }
 
 
-def rs_case(rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, repeat=1):
+def rs_case(rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, repeat=1, tma=None):
     import iris.ops
 
     m, n, k = shape
@@ -57,13 +64,16 @@ def rs_case(rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, 
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        returned = iris.ops.matmul_reduce_scatter(out, a, b, vec, scatter_dim=scatter_dim, workspace=ws)
+        cfg = iris.ops.Config(tma=tma)
+        returned = iris.ops.matmul_reduce_scatter(
+            out, a, b, vec, scatter_dim=scatter_dim, workspace=ws, config=cfg
+        )
         partial = a.double() @ b.double()
         full = summed(partial) + (vec.double() if bias else 0)
         want = full.chunk(world, dim=scatter_dim)[rank]
         return returned, out, want, world * peak(partial) + full.abs().max().item()
 
-    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} scatter_dim={scatter_dim}"
+    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} dim={scatter_dim} tma={tma}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems

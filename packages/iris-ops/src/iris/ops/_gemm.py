@@ -42,13 +42,22 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    if EVEN_K:
+def _k_block(
+    acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
+):  # fmt: skip
+    in_k = k * BLOCK_K + tl.arange(0, BLOCK_K) < k_len
+    if TMA_A:  # the copy engine zero-fills past the tensor's edges
+        a = a_desc.load([a_row, k * BLOCK_K])
+    elif EVEN_K:
         a = tl.load(a_ptrs)
+    else:
+        a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
+    if TMA_B:
+        b = b_desc.load([b_row + k * BLOCK_K, b_col])
+    elif EVEN_K:
         b = tl.load(b_ptrs)
     else:
-        in_k = k * BLOCK_K + tl.arange(0, BLOCK_K) < k_len
-        a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
     if INTERPRETED:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
@@ -61,6 +70,8 @@ def matmul_tile(
     acc, a, b, row0, m_valid, col0, n_valid, k_len,
     stride_am, stride_ak, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    a_desc=None, a_row=0, b_desc=None, b_row=0, b_col=0,
+    TMA_A: tl.constexpr = False, TMA_B: tl.constexpr = False,
 ):  # fmt: skip
     """``acc + a[row0 : row0 + BLOCK_M, :k_len] @ b[:k_len, col0 : col0 + BLOCK_N]`` in fp32.
 
@@ -70,6 +81,12 @@ def matmul_tile(
     :param b: pointer to B (``stride_bk``, ``stride_bn``); columns at or past ``n_valid``
         are read as column 0.
     :param k_len: length of the K dimension; ``EVEN_K`` says it is a multiple of ``BLOCK_K``.
+    :param a_desc: with ``TMA_A``, a tensor descriptor of A (blocks ``BLOCK_M x BLOCK_K``)
+        read through Hopper's copy engine instead of ``a``: the tile's rows start at row
+        ``a_row`` of the descriptor, K at column 0.
+    :param b_desc: with ``TMA_B``, a descriptor of B (blocks ``BLOCK_K x BLOCK_N``): the
+        tile's K starts at row ``b_row``, its columns at ``b_col``. Rows past ``k_len`` must
+        be zero in A when B is read this way (they are: masked or zero-filled).
     """
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
@@ -82,13 +99,43 @@ def matmul_tile(
     if INTERPRETED:
         k = 0
         while k < k_tiles:
-            acc = _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K, EVEN_K)
+            acc = _k_block(
+                acc,
+                a_ptrs,
+                b_ptrs,
+                a_desc,
+                a_row,
+                b_desc,
+                b_row,
+                b_col,
+                k,
+                k_len,
+                BLOCK_K,
+                EVEN_K,
+                TMA_A,
+                TMA_B,
+            )
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
             k += 1
     else:
         for k in range(0, k_tiles):
-            acc = _k_block(acc, a_ptrs, b_ptrs, k, k_len, BLOCK_K, EVEN_K)
+            acc = _k_block(
+                acc,
+                a_ptrs,
+                b_ptrs,
+                a_desc,
+                a_row,
+                b_desc,
+                b_row,
+                b_col,
+                k,
+                k_len,
+                BLOCK_K,
+                EVEN_K,
+                TMA_A,
+                TMA_B,
+            )
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
     return acc

@@ -172,6 +172,25 @@ def launch(kernel, grid: int, ws: _workspace.Workspace, cfg: Config, *args, **me
         ws.check()
 
 
+def tma_operand(t: torch.Tensor, block: tuple[int, int], use: bool):
+    """``(descriptor, True)`` to read ``t`` through the tensor memory accelerator in blocks of
+    ``block``, when ``use`` and its layout allows it (2-D, row-major rows 16-byte aligned,
+    not empty); else ``(t, False)``: the kernel reads ``t`` with pointers."""
+    itemsize = t.element_size()
+    if (
+        not use
+        or t.numel() == 0
+        or t.stride(1) != 1
+        or (t.stride(0) * itemsize) % 16
+        or t.data_ptr() % 16
+        or block[1] * itemsize < 16
+    ):
+        return t, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, list(block)), True
+
+
 def finish(device: torch.device, async_op: bool) -> Work | None:
     return Work(device) if async_op else None
 

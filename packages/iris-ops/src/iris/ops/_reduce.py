@@ -41,13 +41,13 @@ from .config import Config
 @triton.jit
 def _matmul_reduce_kernel(
     context, members, sync_flags, epochs, status, budget, state, ready,
-    a, b, bias, out, ws,
+    a, b, bias, out, ws, a_desc, b_desc,
     M, N, K, CM, CN,
     stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, out_chunk_step,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_N: tl.constexpr, ALL_REDUCE: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
 ):  # fmt: skip
     """Chunk ``j`` covers rows ``[j*CM, (j+1)*CM)`` (``SPLIT_N`` False, CN = N) or columns
     ``[j*CN, (j+1)*CN)`` (``SPLIT_N``, CM = M), clipped to the matrix. ``ws`` holds
@@ -94,6 +94,7 @@ def _matmul_reduce_kernel(
                 acc = matmul_tile(
                     acc, a_chunk, b_chunk, row0, rows, col0, cols, K,
                     stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                    a_desc, row_base + row0, b_desc, 0, col_base + col0, TMA_A, TMA_B,
                 )  # fmt: skip
                 if pending >= 0:
                     signal(ctx, ready + pending, gen, pending_rank)
@@ -171,12 +172,15 @@ def run(
     else:
         step = 0
     grid = max(1, min(cfg.num_sms, size * chunk_tiles))
+    a_desc, tma_a = _host.tma_operand(a, (cfg.block_m, cfg.block_k), cfg.tma)
+    b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), cfg.tma)
     _host.launch(
         _matmul_reduce_kernel, grid, ws, cfg,
         ws.buffers["ready"], a, b, bias if bias is not None else a, kout, ws.buffers["partials"],
+        a_desc, b_desc,
         m, n, k, cm, cn, *a.stride(), *b.stride(), *kout.stride(), step,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, SPLIT_N=split_n, ALL_REDUCE=all_reduce,
-        ALIGNED=_host.aligned(kout),
+        ALIGNED=_host.aligned(kout), TMA_A=tma_a, TMA_B=tma_b,
     )  # fmt: skip
     if kout is not out:
         out.copy_(kout)

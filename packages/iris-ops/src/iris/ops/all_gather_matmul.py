@@ -80,11 +80,12 @@ def _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks):
 @triton.jit
 def _all_gather_matmul_kernel(
     context, members, sync_flags, epochs, status, budget, state, ready,
-    a, b, bias, out, ws,
+    a, b, bias, out, ws, b_desc,
     MS, N, KS, stride_bk, stride_bn, stride_om, stride_on, pushers,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PUSH_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATHER_K: tl.constexpr,
+    TMA_B: tl.constexpr,
 ):  # fmt: skip
     """Every shard is ``MS x KS`` (row-major; ``a`` is this rank's). Along M (``GATHER_K``
     False) ``out`` is ``(GROUP*MS, N)`` and ``b`` ``(KS, N)``; along K ``out`` is ``(MS, N)``
@@ -115,6 +116,7 @@ def _all_gather_matmul_kernel(
                 acc = matmul_tile(
                     acc, src, b_slice, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS,
                     KS, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                    src, 0, b_desc, j * KS, pid_n * BLOCK_N, False, TMA_B,
                 )  # fmt: skip
             out_row = pid_m * 0
         else:
@@ -124,7 +126,7 @@ def _all_gather_matmul_kernel(
             src = _shard_source(ctx, group, a, ws, ready, gen, c, pid_m, MS, KS, row_blocks)
             acc = matmul_tile(
                 acc, src, b, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, src, 0, b_desc, 0, pid_n * BLOCK_N, False, TMA_B,
             )  # fmt: skip
             out_row = c * MS
         row0 = pid_m * BLOCK_M
@@ -200,11 +202,15 @@ def all_gather_matmul(
         tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 else 1)
         pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
         grid = max(1, min(cfg.num_sms, tiles + pushers))
+        # Along K a B block past a slice's end holds the next slice's rows: only exact slices.
+        use_tma = cfg.tma and (gather_dim == 0 or ks % cfg.block_k == 0)
+        b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), use_tma)
         _host.launch(
             _all_gather_matmul_kernel, grid, ws, cfg,
             ws.buffers["ready"], a_shard, b, bias if bias is not None else a_shard, out, ws.buffers["shards"],
+            b_desc,
             ms, n, ks, *b.stride(), *out.stride(), min(pushers, grid),
             PUSH_K=min(128 if a_shard.is_cuda else 32, triton.next_power_of_2(max(ks, 16))),
-            EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1,
+            EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1, TMA_B=tma_b,
         )  # fmt: skip
     return _host.finish(a_shard.device, async_op)

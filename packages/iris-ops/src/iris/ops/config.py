@@ -36,6 +36,9 @@ class Config:
             where programs run one after the other).
         split: ``matmul_all_reduce`` only: the dimension along which output tiles are
             assigned to the rank that reduces them, ``"m"`` or ``"n"``.
+        tma: read A and B through Hopper's tensor memory accelerator (host tensor
+            descriptors) where their layout allows it (row-major, 16-byte aligned rows),
+            instead of ``cp.async`` loads; None chooses (off for now: not yet measured).
     """
 
     block_m: int = 0
@@ -47,6 +50,7 @@ class Config:
     num_sms: int = 0
     comm_sms: int = 0
     split: str = "auto"
+    tma: bool | None = None
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -67,6 +71,8 @@ class Config:
             raise ValueError(f"Config.num_sms must be at most {MAX_PROGRAMS}, got {self.num_sms}")
         if self.split not in ("auto", "m", "n"):
             raise ValueError(f"Config.split must be 'auto', 'm' or 'n', got {self.split!r}")
+        if self.tma is not None and not isinstance(self.tma, bool):
+            raise TypeError(f"Config.tma must be True, False or None, got {self.tma!r}")
 
 
 def check_config(config: object) -> None:
@@ -111,4 +117,5 @@ def select(
         num_stages=config.num_stages or stages,
         num_sms=min(config.num_sms or sms, MAX_PROGRAMS),
         comm_sms=1 if interpreted else (config.comm_sms or 16),
+        tma=bool(config.tma),
     )

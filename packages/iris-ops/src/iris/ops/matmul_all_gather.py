@@ -28,11 +28,12 @@ from .workspace import Workspace
 @triton.jit
 def _matmul_all_gather_kernel(
     context, members, sync_flags, epochs, status, budget, state,
-    a, b, bias, out,
+    a, b, bias, out, a_desc, b_desc,
     M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, ALIGNED: tl.constexpr,
+    TMA_A: tl.constexpr, TMA_B: tl.constexpr,
 ):  # fmt: skip
     """``out[ME*M : (ME+1)*M]`` of every member = ``a @ b (+ bias)``; ``out`` is ``(GROUP*M, N)``."""
     ctx = Context.initialize(context, RANK, WORLD)
@@ -50,7 +51,7 @@ def _matmul_all_gather_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = matmul_tile(
             acc, a, b, row0, M, col0, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, row0, b_desc, 0, col0, TMA_A, TMA_B,
         )  # fmt: skip
         acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
         result = acc.to(out.dtype.element_ty)
@@ -107,10 +108,14 @@ def matmul_all_gather(
     kout = out if in_place else ws.buffers["out"].view(size * m, n)
     if out.numel():
         tiles = _host.cdiv(m, cfg.block_m) * _host.cdiv(n, cfg.block_n)
+        a_desc, tma_a = _host.tma_operand(a, (cfg.block_m, cfg.block_k), cfg.tma)
+        b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), cfg.tma)
         _host.launch(
             _matmul_all_gather_kernel, max(1, min(cfg.num_sms, tiles)), ws, cfg,
-            a, b, bias if bias is not None else a, kout, m, n, k, *a.stride(), *b.stride(), *kout.stride(),
+            a, b, bias if bias is not None else a, kout, a_desc, b_desc,
+            m, n, k, *a.stride(), *b.stride(), *kout.stride(),
             EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, ALIGNED=_host.aligned(kout),
+            TMA_A=tma_a, TMA_B=tma_b,
         )  # fmt: skip
         if kout is not out:
             out.copy_(kout)
