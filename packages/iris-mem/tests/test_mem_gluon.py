@@ -31,6 +31,7 @@ from test_mem_compile import (
 )
 from test_mem_gpu import message_rounds
 from test_mem_rma import TILE_M, TILE_N
+from test_mem_tracing import traced_exchange
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -278,23 +279,14 @@ def _traced_kernel(
     context, src, dst, out, ids, ids_out, counter, n,
     EXCHANGE: gl.constexpr, MARK: gl.constexpr, TRACE: gl.constexpr, BLOCK: gl.constexpr,
 ):  # fmt: skip
-    """test_mem_tracing's traced kernel in Gluon: a user region around a put to the right
-    neighbour, an atomic, a get and a load from the left one, and an instant mark."""
+    """test_mem_tracing's traced kernel (:func:`traced_exchange`) in a Gluon layout."""
     ctx = Context.initialize(context, tracing=TRACE)
-    pid = gl.program_id(0)
-    offs = _lanes(BLOCK)
-    mask = offs < n
     right = (ctx.rank + 1) % ctx.world_size
     left = (ctx.rank + ctx.world_size - 1) % ctx.world_size
-    region = ctx.tracing.record_event_start(
-        EXCHANGE, target_rank=right, address=dst + offs, mask=mask, arg=pid
+    pid = gl.program_id(0)
+    traced_exchange(
+        ctx, src, dst, out, ids, ids_out, counter, _lanes(BLOCK), n, right, left, pid, EXCHANGE, MARK
     )
-    ctx.put(src + offs, dst + offs, right, mask=mask)
-    ctx.tracing.record_event_end(region)
-    ctx.atomic_add(counter, 1, right)
-    ctx.get(src + offs, out + offs, left, mask=mask)
-    gl.store(ids_out + offs, ctx.load(ids + offs, left, mask=mask), mask=mask)
-    ctx.tracing.record_event_start(MARK, address=counter)  # never closed: an instant
 
 
 # --------------------------------------------------------------------------- compile (child side)

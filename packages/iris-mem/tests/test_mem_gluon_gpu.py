@@ -49,8 +49,16 @@ from test_mem_rma import (
     other_for,
 )
 from test_mem_tracing import BLOCK as TRACE_BLOCK
-from test_mem_tracing import DTYPE as TRACE_DTYPE
-from test_mem_tracing import EVENTS_PER_PROGRAM, PROGRAMS, _events, _expected, _load, _observed
+from test_mem_tracing import (
+    EVENTS_PER_PROGRAM,
+    PROGRAMS,
+    _events,
+    _expected,
+    _load,
+    _observed,
+    traced_buffers,
+    traced_data_ok,
+)
 from test_mem_tracing import N as TRACE_N
 
 import iris.mem
@@ -343,11 +351,7 @@ def traced_body(rank: int, world: int, folder: str):
     and the host export reads them unchanged."""
     with iris.mem.init(HEAP) as heap:
         exchange, mark = heap.tracing.register("exchange"), heap.tracing.register("mark")
-        src = heap.as_symmetric(pattern(TRACE_N, TRACE_DTYPE, rank).to(heap.device))
-        dst, out = heap.zeros(TRACE_N, dtype=TRACE_DTYPE), heap.zeros(TRACE_N, dtype=TRACE_DTYPE)
-        ids = heap.as_symmetric((torch.arange(TRACE_N, dtype=torch.int64) + 1000 * rank).to(heap.device))
-        ids_out = heap.zeros(TRACE_N, dtype=torch.int64)
-        counter = heap.zeros(1, dtype=torch.int32)
+        src, dst, out, ids, ids_out, counter = traced_buffers(heap, rank)
         heap.tracing.enable(max_events=1000)
         heap.barrier()
         _traced_kernel[(PROGRAMS,)](
@@ -355,13 +359,7 @@ def traced_body(rank: int, world: int, folder: str):
             EXCHANGE=exchange, MARK=mark, TRACE=True, BLOCK=TRACE_BLOCK, num_warps=1,
         )  # fmt: skip
         heap.barrier()
-        left = (rank - 1) % world
-        data_ok = (
-            torch.equal(dst.cpu(), pattern(TRACE_N, TRACE_DTYPE, left))
-            and torch.equal(out.cpu(), pattern(TRACE_N, TRACE_DTYPE, left))
-            and torch.equal(ids_out.cpu(), torch.arange(TRACE_N) + 1000 * left)
-            and counter.item() == PROGRAMS
-        )
+        data_ok = traced_data_ok(rank, world, dst, out, ids_out, counter)
         base = heap.get_heap_bases()[rank].item()
         offsets = {name: t.data_ptr() - base for name, t in (("src", src), ("dst", dst), ("ids", ids))}
         events = _events(_load(heap.tracing.export(os.path.join(folder, "gluon.json"))))

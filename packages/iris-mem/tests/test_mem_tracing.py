@@ -40,17 +40,11 @@ pytestmark = [pytest.mark.timeout(300)]
 
 
 @triton.jit
-def _traced_kernel(
-    context, src, dst, out, ids, ids_out, counter, n,
-    EXCHANGE: tl.constexpr, MARK: tl.constexpr, TRACE: tl.constexpr,
-    RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    ctx = Context.initialize(context, RANK, WORLD, tracing=TRACE)
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
+def traced_exchange(ctx, src, dst, out, ids, ids_out, counter, offs, n, right, left, pid, EXCHANGE, MARK):
+    """The traced kernel's body, layout-free (test_mem_gluon's Gluon kernel runs it too): a
+    user region around a put to ``right``, an atomic there, a get and a load from ``left``,
+    and an instant mark."""
     mask = offs < n
-    right = (RANK + 1) % WORLD
-    left = (RANK + WORLD - 1) % WORLD
     region = ctx.tracing.record_event_start(
         EXCHANGE, target_rank=right, address=dst + offs, mask=mask, arg=pid
     )
@@ -62,16 +56,48 @@ def _traced_kernel(
     ctx.tracing.record_event_start(MARK, address=counter)  # never closed: an instant
 
 
+@triton.jit
+def _traced_kernel(
+    context, src, dst, out, ids, ids_out, counter, n,
+    EXCHANGE: tl.constexpr, MARK: tl.constexpr, TRACE: tl.constexpr,
+    RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    ctx = Context.initialize(context, RANK, WORLD, tracing=TRACE)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    right = (RANK + 1) % WORLD
+    left = (RANK + WORLD - 1) % WORLD
+    traced_exchange(ctx, src, dst, out, ids, ids_out, counter, offs, n, right, left, pid, EXCHANGE, MARK)
+
+
+def traced_buffers(heap, rank):
+    """The traced kernel's buffers, in one allocation sequence: src, dst, out, ids, ids_out,
+    counter."""
+    src = heap.as_symmetric(pattern(N, DTYPE, rank).to(heap.device))
+    dst, out = heap.zeros(N, dtype=DTYPE), heap.zeros(N, dtype=DTYPE)
+    ids = heap.as_symmetric((torch.arange(N, dtype=torch.int64) + 1000 * rank).to(heap.device))
+    ids_out = heap.zeros(N, dtype=torch.int64)
+    counter = heap.zeros(1, dtype=torch.int32)
+    return src, dst, out, ids, ids_out, counter
+
+
+def traced_data_ok(rank, world_size, dst, out, ids_out, counter) -> bool:
+    """Whether the traced kernel moved the left neighbour's data (one count per program)."""
+    left = (rank - 1) % world_size
+    return (
+        torch.equal(dst.cpu(), pattern(N, DTYPE, left))
+        and torch.equal(out.cpu(), pattern(N, DTYPE, left))
+        and torch.equal(ids_out.cpu(), torch.arange(N) + 1000 * left)
+        and counter.item() == PROGRAMS
+    )
+
+
 def traced_world_body(rank, world_size, folder):
     stream = io.StringIO()
     log.configure(stream=stream)
     with iris.mem.init(HEAP) as heap:
         exchange, mark = heap.tracing.register("exchange"), heap.tracing.register("mark")
-        src = heap.as_symmetric(pattern(N, DTYPE, rank).to(heap.device))
-        dst, out = heap.zeros(N, dtype=DTYPE), heap.zeros(N, dtype=DTYPE)
-        ids = heap.as_symmetric((torch.arange(N, dtype=torch.int64) + 1000 * rank).to(heap.device))
-        ids_out = heap.zeros(N, dtype=torch.int64)
-        counter = heap.zeros(1, dtype=torch.int32)
+        src, dst, out, ids, ids_out, counter = traced_buffers(heap, rank)
         heap.barrier()
 
         def launch(trace):
@@ -92,13 +118,7 @@ def traced_world_body(rank, world_size, folder):
         counter.zero_()
         heap.barrier()
         launch(True)
-        left = (rank - 1) % world_size
-        result["data_ok"] = (
-            torch.equal(dst.cpu(), pattern(N, DTYPE, left))
-            and torch.equal(out.cpu(), pattern(N, DTYPE, left))
-            and torch.equal(ids_out.cpu(), torch.arange(N) + 1000 * left)
-            and counter.item() == PROGRAMS
-        )
+        result["data_ok"] = traced_data_ok(rank, world_size, dst, out, ids_out, counter)
         result["raw"] = heap.tracing.events()
         result["stats"] = heap.tracing.stats()
         result["per_rank"] = heap.tracing.export(os.path.join(folder, "trace.json"))
