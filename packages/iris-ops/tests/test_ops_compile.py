@@ -74,7 +74,16 @@ PROFILES = [
     ("fp32 tf32", "fp32", 1024, 4096, _flags(False, True, False, True)),
     ("bf16 TMA", "bf16", 8192, 8192, _flags(False, False, True, False, tma=True)),
 ]
-COMMON = {"RANK": 1, "WORLD": 2, "GROUP": 2, "ME": 1, "ALL_REDUCE": True, "ALIGNED": True, "PUSH_K": 128}
+COMMON = {
+    "RANK": 1,
+    "WORLD": 2,
+    "GROUP": 2,
+    "ME": 1,
+    "ALL_REDUCE": True,
+    "ALIGNED": True,
+    "WS_ALIGNED": True,
+    "PUSH_K": 128,
+}
 
 
 @triton.jit
@@ -163,6 +172,9 @@ def ptx_problems(ptx: str) -> list[str]:
         problems.append("no release atomic at system scope (peers would not see the data before the flag)")
     if not re.search(r"\bld\.global\.[a-z.]*sys[a-z.]*acquire|\batom\.global\.[a-z.]*sys[a-z.]*acquire", ptx):
         problems.append("no acquire load or atomic at system scope")
+    scalar = len(re.findall(r"\b(st|ld)\.global(\.[a-z]+)*\.b16\b", ptx))
+    if scalar > 4:  # a bias element or two may be loaded alone; whole tiles must move in vectors
+        problems.append(f"{scalar} scalar 16-bit global accesses: a tile moves one element at a time")
     return problems
 
 
@@ -281,13 +293,14 @@ def test_unknown_parameters_are_reported():
 
 
 def test_ptx_checks_catch_a_slow_kernel():
-    """Negative control of the PTX checks: FMA-only, unpipelined, gpu-scope PTX fails all four."""
+    """Negative control of the PTX checks: FMA-only, unpipelined, gpu-scope PTX storing a
+    tile one element at a time fails all five."""
     slow = [
         "fma.rn.f32 %f1, %f2, %f3;",
         "ld.global.b32 %r1, [%rd1];",
         "atom.global.gpu.acq_rel.max.s32 %r2, [%rd2], 1;",
-    ]
-    assert len(ptx_problems("\n".join(slow))) == 4
+    ] + ["st.global.b16 [%rd3], %rs1;"] * 8
+    assert len(ptx_problems("\n".join(slow))) == 5
     good = [
         "wgmma.mma_async.sync",
         "cp.async.cg.shared.global",

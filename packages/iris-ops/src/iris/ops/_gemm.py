@@ -145,13 +145,16 @@ def matmul_tile(
 def tile_offsets(
     row0, m_valid, col0, n_valid, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):
-    """``(offsets, mask)`` of the ``[BLOCK_M, BLOCK_N]`` tile at ``(row0, col0)`` of a
-    matrix with strides ``(stride_m, stride_n)`` whose valid extent is ``m_valid x n_valid``."""
-    rows = row0 + tl.arange(0, BLOCK_M)
-    cols = col0 + tl.arange(0, BLOCK_N)
-    offs = rows.to(tl.int64)[:, None] * stride_m + cols[None, :] * stride_n
-    mask = (rows < m_valid)[:, None] & (cols < n_valid)[None, :]
-    return offs, mask
+    """``(origin, offsets, mask)`` of the ``[BLOCK_M, BLOCK_N]`` tile at ``(row0, col0)`` of a
+    matrix with strides ``(stride_m, stride_n)`` whose valid extent is ``m_valid x n_valid``:
+    element ``(i, j)`` of the tile is at ``origin + offsets[i, j]``. The scalar ``origin`` is
+    int64 and the offsets int32 (small, inside the tile), which keeps register use down."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    origin = tl.cast(row0, tl.int64) * stride_m + tl.cast(col0, tl.int64) * stride_n
+    offs = rows[:, None] * stride_m + cols[None, :] * stride_n
+    mask = (row0 + rows < m_valid)[:, None] & (col0 + cols < n_valid)[None, :]
+    return origin, offs, mask
 
 
 @triton.jit

@@ -199,6 +199,9 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def aligned(t: torch.Tensor) -> bool:
-    """Whether ``t``'s address allows 16-byte vector accesses after translation."""
-    return t.data_ptr() % 16 == 0
+def aligned(t: torch.Tensor, *elements: int) -> bool:
+    """Whether tiles of ``t`` (row-major rows), offset by any multiple of each of
+    ``elements``, start on 16-byte boundaries: peers can then store them in vectors."""
+    itemsize = t.element_size()
+    steps = [t.stride(0) if t.dim() == 2 else 1, *elements]
+    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(s * itemsize % 16 == 0 for s in steps)

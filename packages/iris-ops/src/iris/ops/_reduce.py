@@ -34,7 +34,7 @@ from iris.mem.triton import Context
 
 from . import _host
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
-from ._sync import call_generation, finish_call, remote, signal, wait
+from ._sync import call_generation, finish_call, remote_tile, signal, wait
 from .config import Config
 
 
@@ -47,14 +47,15 @@ def _matmul_reduce_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_N: tl.constexpr, ALL_REDUCE: tl.constexpr,
-    ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
+    ALIGNED: tl.constexpr, WS_ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
 ):  # fmt: skip
     """Chunk ``j`` covers rows ``[j*CM, (j+1)*CM)`` (``SPLIT_N`` False, CN = N) or columns
     ``[j*CN, (j+1)*CN)`` (``SPLIT_N``, CM = M), clipped to the matrix. ``ws`` holds
     ``GROUP - 1`` slots of ``CM x CN`` (row-major) for the peers' partials of this rank's
     chunk; ``ready[s, t]`` is the flag of slot ``s``, tile ``t`` of the chunk. The output
     tile of chunk ``j`` is at ``out + j * out_chunk_step`` (0 when ``out`` holds only this
-    rank's chunk)."""
+    rank's chunk). ``ALIGNED`` / ``WS_ALIGNED``: the output's / workspace's tiles may be
+    stored to peers in 16-byte vectors."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
@@ -99,31 +100,33 @@ def _matmul_reduce_kernel(
                 if pending >= 0:
                     signal(ctx, ready + pending, gen, pending_rank)
                     pending = pid * 0 - 1
-                offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
+                origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
                 if phase == 0:
                     owner = group.rank(j)
                     slot = (ME - j - 1 + GROUP) % GROUP
-                    dst = remote(ctx, ws, owner, True) + slot * slot_elems
-                    tl.store(dst + offs, acc.to(ws.dtype.element_ty), mask=mask)
+                    dst = remote_tile(ctx, ws, owner, slot * slot_elems + origin, offs, WS_ALIGNED)
+                    tl.store(dst, acc.to(ws.dtype.element_ty), mask=mask)
                     pending = slot * chunk_tiles + local
                     pending_rank = owner
                 else:
                     for s in tl.static_range(GROUP - 1):
                         sender = group.rank((ME + 1 + s) % GROUP)
                         wait(ctx, group, ready + s * chunk_tiles + local, gen, sender)
-                        part = tl.load(ws + s * slot_elems + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                        slot_tile = ws + s * slot_elems + origin
+                        part = tl.load(slot_tile + offs, mask=mask, other=0.0, cache_modifier=".cg")
                         acc += part.to(tl.float32)
                     acc = add_bias(acc, bias + col_base, col0, cols, HAS_BIAS, BLOCK_N)
                     result = acc.to(out.dtype.element_ty)
-                    o_offs, o_mask = tile_offsets(
+                    o_origin, o_offs, o_mask = tile_offsets(
                         row0, rows, col0, cols, stride_om, stride_on, BLOCK_M, BLOCK_N
                     )
-                    o_offs += tl.cast(j, tl.int64) * out_chunk_step
-                    tl.store(out + o_offs, result, mask=o_mask)
+                    o_origin += tl.cast(j, tl.int64) * out_chunk_step
+                    tl.store(out + o_origin + o_offs, result, mask=o_mask)
                     if ALL_REDUCE:
                         for i in tl.static_range(1, GROUP):
                             peer = group.rank((ME + i) % GROUP)
-                            tl.store(remote(ctx, out, peer, ALIGNED) + o_offs, result, mask=o_mask)
+                            dst = remote_tile(ctx, out, peer, o_origin, o_offs, ALIGNED)
+                            tl.store(dst, result, mask=o_mask)
             t += programs
     if pending >= 0:
         signal(ctx, ready + pending, gen, pending_rank)
@@ -180,7 +183,8 @@ def run(
         a_desc, b_desc,
         m, n, k, cm, cn, *a.stride(), *b.stride(), *kout.stride(), step,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, SPLIT_N=split_n, ALL_REDUCE=all_reduce,
-        ALIGNED=_host.aligned(kout), TMA_A=tma_a, TMA_B=tma_b,
+        ALIGNED=_host.aligned(kout, step), WS_ALIGNED=_host.aligned(ws.buffers["partials"], cn),
+        TMA_A=tma_a, TMA_B=tma_b,
     )  # fmt: skip
     if kout is not out:
         out.copy_(kout)

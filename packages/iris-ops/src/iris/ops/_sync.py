@@ -76,11 +76,13 @@ def wait(ctx, group, flag, gen, peer):
 
 
 @triton.jit
-def remote(ctx, ptr, rank, ALIGNED: tl.constexpr):
-    """``ptr`` (a scalar pointer into this rank's heap) translated to ``rank``'s heap; with
-    ``ALIGNED`` the result is declared 16-byte aligned, so tiles addressed from it keep
-    vector accesses (true when ``ptr`` is: heap bases are 256-byte aligned)."""
-    p = ctx.translate(ptr, rank)
+def remote_tile(ctx, base, rank, origin, offs, ALIGNED: tl.constexpr):
+    """Pointers to the tile ``base + origin + offs`` (``offs`` a row-major ``[rows, cols]``
+    block from :func:`~iris.ops._gemm.tile_offsets`) in ``rank``'s heap. Translation hides
+    the pointers' alignment from the compiler; with ``ALIGNED`` (the base, the row stride and
+    ``origin`` are multiples of 16 bytes) it is declared again, so the tile moves in 16-byte
+    vector accesses instead of one element at a time."""
+    ptrs = ctx.translate(base, rank) + origin + offs
     if ALIGNED:
-        p = tl.multiple_of(p, 16)
-    return p
+        ptrs = tl.max_contiguous(tl.multiple_of(ptrs, [1, 16]), [1, offs.shape[1]])
+    return ptrs

@@ -6,8 +6,8 @@ Two layouts (``gather_dim``): A sharded along M (sequence parallelism, like torc
 columns of A, the layout of the reference Iris).
 
 One persistent kernel. Its first ``comm_sms`` programs push this rank's shard, block of
-``BLOCK_M`` rows by block, into every peer's workspace (a remote store per element, then a
-flag per row block raised to the call's generation); then they join the others, which
+``BLOCK_M`` rows by block, into every peer's workspace (remote vector stores, then a flag per
+row block raised to the call's generation); then they join the others, which
 claim output tiles from a counter:
 
 * along M: tiles whose rows are this rank's own shard come first and read the shard where
@@ -33,31 +33,29 @@ from iris.mem.triton import Context
 
 from . import _host
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
-from ._sync import call_generation, claim_tile, finish_call, remote, signal, wait
+from ._sync import call_generation, claim_tile, finish_call, remote_tile, signal, wait
 from .config import Config
 from .workspace import Workspace
 
 
 @triton.jit
 def _push_shard(
-    ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M: tl.constexpr, PUSH_K: tl.constexpr
-):
+    ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers,
+    BLOCK_M: tl.constexpr, PUSH_K: tl.constexpr, ALIGNED: tl.constexpr,
+):  # fmt: skip
     """This pusher's row blocks (``pid``, ``pid + pushers``, ...) of the local shard ``a``
     (``MS x KS``, row-major) into slot ``ME`` of every peer's ``ws``, each followed by its
     flag ``ready[ME, block]`` on that peer."""
-    shard = tl.cast(MS, tl.int64) * KS
+    slot = group.index * tl.cast(MS, tl.int64) * KS
     rb = tl.program_id(0)
     while rb < row_blocks:
-        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         kk = rb * 0
         while kk < KS:
-            cols = kk + tl.arange(0, PUSH_K)
-            mask = (rows < MS)[:, None] & (cols < KS)[None, :]
-            offs = rows.to(tl.int64)[:, None] * KS + cols[None, :]
-            x = tl.load(a + offs, mask=mask)
+            origin, offs, mask = tile_offsets(rb * BLOCK_M, MS, kk, KS, KS, 1, BLOCK_M, PUSH_K)
+            x = tl.load(a + origin + offs, mask=mask)
             for i in tl.static_range(1, group.size):
                 peer = group.rank((group.index + i) % group.size)
-                tl.store(remote(ctx, ws, peer, True) + group.index * shard + offs, x, mask=mask)
+                tl.store(remote_tile(ctx, ws, peer, slot + origin, offs, ALIGNED), x, mask=mask)
             kk += PUSH_K
         for i in tl.static_range(1, group.size):
             peer = group.rank((group.index + i) % group.size)
@@ -85,7 +83,7 @@ def _all_gather_matmul_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PUSH_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATHER_K: tl.constexpr,
-    TMA_B: tl.constexpr,
+    TMA_B: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip
     """Every shard is ``MS x KS`` (row-major; ``a`` is this rank's). Along M (``GATHER_K``
     False) ``out`` is ``(GROUP*MS, N)`` and ``b`` ``(KS, N)``; along K ``out`` is ``(MS, N)``
@@ -97,7 +95,7 @@ def _all_gather_matmul_kernel(
     row_blocks = tl.cdiv(MS, BLOCK_M)
     if tl.program_id(0) < pushers:
         group.sync(ctx, tl.program_id(0))  # every member has entered: its workspace is free
-        _push_shard(ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M, PUSH_K)
+        _push_shard(ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M, PUSH_K, ALIGNED)
     tiles_n = tl.cdiv(N, BLOCK_N)
     chunk_tiles = row_blocks * tiles_n
     if GATHER_K:
@@ -132,8 +130,9 @@ def _all_gather_matmul_kernel(
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
         acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
-        offs, mask = tile_offsets(row0, MS, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
-        tl.store(out + tl.cast(out_row, tl.int64) * stride_om + offs, acc.to(out.dtype.element_ty), mask=mask)
+        origin, offs, mask = tile_offsets(row0, MS, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        origin += tl.cast(out_row, tl.int64) * stride_om
+        tl.store(out + origin + offs, acc.to(out.dtype.element_ty), mask=mask)
         i = claim_tile(state)
     finish_call(state, gen)
 
@@ -212,5 +211,6 @@ def all_gather_matmul(
             ms, n, ks, *b.stride(), *out.stride(), min(pushers, grid),
             PUSH_K=min(128 if a_shard.is_cuda else 32, triton.next_power_of_2(max(ks, 16))),
             EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1, TMA_B=tma_b,
+            ALIGNED=_host.aligned(ws.buffers["shards"], ks),
         )  # fmt: skip
     return _host.finish(a_shard.device, async_op)

@@ -20,7 +20,7 @@ from iris.mem.triton import Context
 
 from . import _host
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
-from ._sync import remote
+from ._sync import remote_tile
 from .config import Config
 from .workspace import Workspace
 
@@ -55,12 +55,12 @@ def _matmul_all_gather_kernel(
         )  # fmt: skip
         acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
         result = acc.to(out.dtype.element_ty)
-        offs, mask = tile_offsets(row0, M, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
-        offs += mine
-        tl.store(out + offs, result, mask=mask)
+        origin, offs, mask = tile_offsets(row0, M, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        origin += mine
+        tl.store(out + origin + offs, result, mask=mask)
         for i in tl.static_range(1, GROUP):
             peer = group.rank((ME + i) % GROUP)
-            tl.store(remote(ctx, out, peer, ALIGNED) + offs, result, mask=mask)
+            tl.store(remote_tile(ctx, out, peer, origin, offs, ALIGNED), result, mask=mask)
         t += tl.num_programs(0)
     group.sync(ctx, pid)
 
