@@ -307,6 +307,10 @@ def _candidates(op: str, m: int, world: int):
         out += [iris.ops.Config(split="m"), iris.ops.Config(split="n")]
     if op == "all_gather_matmul":
         out += [iris.ops.Config(comm_sms=c) for c in (4, 8, 32)]
+    out += [iris.ops.Config(tma=True)] + [
+        iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, tma=True)
+        for bm, bn, bk, w, st in tiles[:3]
+    ]
     return out + [iris.ops.Config(group_m=16), iris.ops.Config(num_sms=120)]
 
 
