@@ -47,11 +47,10 @@ QUICK = [(8192, 8192, 4096), (1024, 8192, 4096), (128, 8192, 4096)]
 SMOKE = [(64, 48, 40), (2, 40, 24)]
 OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_gather")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-#: (block_m, block_n, block_k, num_warps, num_stages) candidates for --tune.
-TILES = [
-    (128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
-    (256, 128, 64, 8, 3), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4), (128, 64, 128, 4, 4),
-]  # fmt: skip
+#: (block_m, block_n, block_k, num_warps, num_stages) candidates for --tune, besides the
+#: default: for prefill shapes (more than 128 rows of output tiles) and for decode shapes.
+PREFILL_TILES = [(128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3)]
+DECODE_TILES = [(64, 128, 128, 4, 4), (64, 64, 128, 4, 4), (128, 64, 128, 4, 4)]
 
 
 #: Where the run's tensors live: "cuda", or "cpu" with --smoke.
@@ -295,23 +294,22 @@ def run(bench: Bench, ops, shapes, reps: int) -> tuple[list[dict], list[str]]:
 
 
 def _candidates(op: str, m: int, world: int):
+    """Configs --tune times for ``op`` at ``m`` output rows: the default, other tiles, TMA,
+    and the op's own knobs."""
     import iris.ops
 
     rows = m if op in ("matmul_all_reduce", "matmul_reduce_scatter") else m // world
-    tiles = [t for t in TILES if (t[0] <= 64) == (rows <= 64) or (rows > 64 and t[0] == 128)]
-    out = [None] + [
-        iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in tiles
-    ]
+    tiles = PREFILL_TILES if rows > 128 else DECODE_TILES
+    out = [None, iris.ops.Config(tma=True)]
+    for bm, bn, bk, w, st in tiles:
+        out.append(iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st))
+    bm, bn, bk, w, st = tiles[1]
+    out.append(iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, tma=True))
     if op == "matmul_all_reduce":
         out += [iris.ops.Config(split="m"), iris.ops.Config(split="n")]
     if op == "all_gather_matmul":
-        out += [iris.ops.Config(comm_sms=c) for c in (4, 8, 32)]
-    out += [iris.ops.Config(tma=True)] + [
-        iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, tma=True)
-        for bm, bn, bk, w, st in tiles[:3]
-    ]
-    return out + [iris.ops.Config(group_m=16), iris.ops.Config(num_sms=120)]
+        out += [iris.ops.Config(comm_sms=c) for c in (8, 32)]
+    return out
 
 
 def _short(config) -> str:
