@@ -157,3 +157,50 @@ def absent_body(rank, world_size):
 def test_absent_rank_is_reported_not_a_hang():
     results = run_world(absent_body, 2, timeout=200, env={"IRIS_SPIN_LIMIT": "3000"})
     assert "rank 0: iris.ops.matmul_all_reduce gave up waiting for rank 1" in results[0], results[0]
+
+
+def flags_body(rank, world_size):
+    """The constexprs each op launches with: vector stores to peers (ALIGNED, WS_ALIGNED)
+    for row-aligned shapes and not for odd ones, TMA only when asked and possible. The real
+    launch runs; a wrapper records its keywords."""
+    import iris.mem
+    import iris.ops
+    from iris.ops import _host
+
+    seen = []
+    real = _host.launch
+
+    def spy(kernel, grid, ws, cfg, *args, **meta):
+        seen.append(meta)
+        return real(kernel, grid, ws, cfg, *args, **meta)
+
+    _host.launch = spy
+    bad = []
+    tma = iris.ops.Config(tma=True)
+    with iris.mem.init(1 << 23) as heap:
+        for (m, n, k), vector in (((32, 64, 48), True), ((37, 29, 43), False)):
+            a, b = rand((m, k), torch.bfloat16, rank), rand((k, n), torch.bfloat16, rank + 7)
+            calls = [
+                ("matmul_all_reduce", heap.empty((m, n), dtype=a.dtype), None),
+                ("matmul_all_gather", heap.empty((world_size * m, n), dtype=a.dtype), tma),
+                ("all_gather_matmul", torch.empty(world_size * m, n, dtype=a.dtype), tma),
+            ]
+            for op, out, config in calls:
+                seen.clear()
+                getattr(iris.ops, op)(out, a, b, config=config)
+                meta = seen[-1]
+                for flag in ("ALIGNED", "WS_ALIGNED"):
+                    if flag in meta and meta[flag] != vector:
+                        bad.append(f"{op} {m}x{n}x{k}: {flag}={meta[flag]}, expected {vector}")
+                for flag in ("TMA_A", "TMA_B"):
+                    want = vector and op != "matmul_all_reduce"
+                    if flag in meta and meta[flag] != want:
+                        bad.append(f"{op} {m}x{n}x{k}: {flag}={meta[flag]}, expected {want}")
+        iris.ops.release_workspaces()
+        heap.barrier()
+    _host.launch = real
+    return {"bad": bad, "cases": 1}
+
+
+def test_launch_flags_follow_the_layout():
+    assert_clean(run_world(flags_body, 2, timeout=120), 1)

@@ -200,8 +200,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 def aligned(t: torch.Tensor, *elements: int) -> bool:
-    """Whether tiles of ``t`` (row-major rows), offset by any multiple of each of
-    ``elements``, start on 16-byte boundaries: peers can then store them in vectors."""
+    """Whether tiles of ``t`` (a matrix with row-major rows, or a flat buffer), offset by any
+    multiple of each of ``elements``, start rows on 16-byte boundaries: peers can then store
+    them in vectors."""
     itemsize = t.element_size()
-    steps = [t.stride(0) if t.dim() == 2 else 1, *elements]
+    steps = [*elements, *([t.stride(0)] if t.dim() == 2 else [])]
     return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(s * itemsize % 16 == 0 for s in steps)
