@@ -30,10 +30,10 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SIZES = [8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB] + [GiB]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 IRIS_VARIANTS = {
-    "all_reduce": ("one_shot", "one_shot_push", "two_shot", "ring", "atomic", "spinlock"),
-    "all_gather": ("push", "pull", "gluon"),
-    "reduce_scatter": ("push", "pull"),
-    "all_to_all": ("push", "pull"),
+    "all_reduce": ("boxed", "one_shot", "two_shot", "ring", "atomic", "spinlock"),
+    "all_gather": ("boxed", "push", "pull", "gluon"),
+    "reduce_scatter": ("boxed", "push", "pull"),
+    "all_to_all": ("boxed", "push", "pull"),
 }
 
 
@@ -145,6 +145,12 @@ def main() -> int:
     parser.add_argument("--max-bytes", type=int, default=GiB)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--variants", default="", help="comma-separated iris variants to time (default: all)")
+    parser.add_argument(
+        "--write-table",
+        metavar="PATH",
+        help="write the measured variant-by-size table (JSON) for Config(variant='auto'); use it with "
+        "IRIS_CCL_TABLE=PATH",
+    )
     args = parser.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
     dist.init_process_group("nccl")
@@ -191,13 +197,52 @@ def main() -> int:
             total = nbytes * (world if collective == "all_gather" else 1)
             row["busbw_GBps"] = _bus_factor(collective, world) * total / (iris_best[0] * 1e-6) / 1e9
             rows.append(row)
+            if heap.rank == 0:  # what a run cut short has measured so far
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "partial.json"), "w") as f:
+                    json.dump({"rows": rows, "failures": failures}, f)
             if heap.rank == 0:  # progress, so a run cut short still shows what it measured
                 times = ", ".join(f"{k} {v:.1f}" for k, v in row["times_us"].items())
                 print(f"{collective} {_size(nbytes)}: {times} us", flush=True)
     if heap.rank == 0:
         _report(rows, failures, args, world)
+        if args.write_table:
+            _write_table(rows, args.write_table, world)
     heap.close()
     return 1 if failures else 0
+
+
+def _write_table(rows, path: str, world: int) -> None:
+    """The tuning table of this run: per collective, the fastest variant of each size,
+    merged into ``[[max_bytes, variant], ..., [null, variant]]`` rules (sizes as
+    ``iris.ccl.config.select`` sees them: the output for all_gather). World sizes this run
+    did not measure keep the packaged table's rules."""
+    from iris.ccl import config
+
+    table = json.loads(json.dumps(config._load_table(str(config._PACKAGED_TABLE))))
+    measured = {}
+    for collective in dict.fromkeys(r["collective"] for r in rows):
+        rules: list[list] = []
+        for r in sorted((r for r in rows if r["collective"] == collective), key=lambda r: r["bytes"]):
+            # gluon needs a GPU: keep the table usable on every backend
+            times = {
+                k[5:]: v for k, v in r["times_us"].items() if k.startswith("iris_") and k != "iris_gluon"
+            }
+            best = min(times, key=times.get)
+            size = r["bytes"] * (world if collective == "all_gather" else 1)
+            if rules and rules[-1][1] == best:
+                rules[-1][0] = size
+            else:
+                rules.append([size, best])
+        rules[-1][0] = None
+        measured[collective] = rules
+    table.setdefault("world_sizes", {})[str(world)] = measured
+    table["measured"] = (
+        f"{torch.cuda.get_device_name()} x {world}, {time.strftime('%Y-%m-%d')}, written by bench_ccl.py"
+    )
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+    print(f"wrote the tuning table {path}: use it with IRIS_CCL_TABLE={path}")
 
 
 def _size(nbytes: int) -> str:

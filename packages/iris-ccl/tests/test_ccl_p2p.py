@@ -206,12 +206,18 @@ def timeout_body(rank, world_size):
     bad: list[str] = []
     ccl.barrier()
     x = torch.arange(10, dtype=torch.float32, device=device())
+
+    def checked(fn, *args):
+        """On GPUs a kernel only records the timeout; check_errors() raises it."""
+        fn(*args)
+        ccl.check_errors()
+
     if rank == 1:
-        _expect(bad, iris.mem.DeviceWaitTimeout, ["rank 1", "rank 0"], ccl.recv, torch.empty_like(x), 0)
+        _expect(bad, iris.mem.DeviceWaitTimeout, ["rank 1", "rank 0"], checked, ccl.recv, torch.empty_like(x), 0)
     dist.barrier()
     if rank == 0:
         ccl.send(x, 1)  # buffered in rank 1's mailbox
-        _expect(bad, iris.mem.DeviceWaitTimeout, ["rank 0", "rank 1"], ccl.send, x + 1, 1)
+        _expect(bad, iris.mem.DeviceWaitTimeout, ["rank 0", "rank 1"], checked, ccl.send, x + 1, 1)
     dist.barrier()
     if rank == 0:
         ccl.send(x + 2, 1)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
 
 #: Variants each collective accepts ("auto" picks from the table).
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -70,8 +74,9 @@ def check_config(config: object) -> None:
 def select(collective: str, nbytes: int, world_size: int, interpreted: bool, config: Config | None) -> Config:
     """The configuration to run: ``config`` with every "choose" field filled in.
 
-    The table below is the best known per size class; on the CPU backend (interpreter)
-    larger tiles mean fewer interpreted programs, which is what costs time there.
+    The variant comes from the tuning table (:func:`auto_variant`); tiles: on the CPU
+    backend (interpreter) larger tiles mean fewer interpreted programs, which is what costs
+    time there.
     """
     check_config(config)
     config = config or Config()
@@ -82,14 +87,53 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
             f"{collective}: Config(variant='gluon') needs the cuda backend: Gluon kernels compile for "
             "NVIDIA GPUs only and do not run in Triton's interpreter (the cpu backend); use another variant"
         )
-    if variant == "auto":
-        if collective == "all_reduce":
-            variant = "one_shot" if nbytes <= (256 << 10) or world_size <= 2 else "two_shot"
-        elif collective in VARIANTS:
-            variant = "push"
+    if variant == "auto" and collective in VARIANTS:
+        variant = auto_variant(collective, nbytes, world_size)
     block = config.block_size or (1024 if interpreted else (1024 if nbytes <= (64 << 10) else 4096))
     warps = config.num_warps or (4 if block <= 1024 else 8)
     chunk = config.chunk_elements or 0
     return dataclasses.replace(
         config, variant=variant, block_size=block, num_warps=warps, chunk_elements=chunk
     )
+
+
+#: Environment variable naming a tuning table to use instead of the packaged one.
+TABLE_ENV = "IRIS_CCL_TABLE"
+_PACKAGED_TABLE = Path(__file__).with_name("tuning.json")
+
+
+@functools.cache
+def _load_table(path: str) -> dict:
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"iris.ccl: cannot read the tuning table {path} ({TABLE_ENV}): {e}") from e
+    for scope in [table.get("default", {}), *table.get("world_sizes", {}).values()]:
+        for collective, rules in scope.items():
+            ok = isinstance(rules, list) and rules and rules[-1][0] is None
+            ok = ok and all(len(r) == 2 and r[1] in VARIANTS.get(collective, ()) for r in rules)
+            if not ok:
+                raise RuntimeError(
+                    f"iris.ccl: tuning table {path}: rules for {collective!r} must be [[max_bytes, variant], "
+                    f"..., [null, variant]] with variants of {collective}, got {rules!r}"
+                )
+    return table
+
+
+def tuning_table() -> dict:
+    """The tuning table in use: the file ``$IRIS_CCL_TABLE`` names, else the packaged
+    ``tuning.json`` (measured on 2 x H200)."""
+    return _load_table(os.environ.get(TABLE_ENV) or str(_PACKAGED_TABLE))
+
+
+def auto_variant(collective: str, nbytes: int, world_size: int) -> str:
+    """The variant ``Config(variant="auto")`` runs for a message of ``nbytes`` (the output
+    for all_gather, the input otherwise) on ``world_size`` ranks."""
+    table = tuning_table()
+    rules = table.get("world_sizes", {}).get(str(world_size), {}).get(collective)
+    rules = rules or table.get("default", {}).get(collective) or [[None, "push"]]
+    for limit, variant in rules:
+        if limit is None or nbytes <= limit:
+            return variant
+    return rules[-1][1]

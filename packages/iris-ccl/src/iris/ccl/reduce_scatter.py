@@ -26,7 +26,7 @@ import triton.language as tl
 from iris.mem.triton import Context
 
 from . import _boxed, _host
-from .config import Config
+from .config import Config, select
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
 from .work import Work
@@ -124,9 +124,11 @@ def reduce_scatter(
     stage = False
     if _host.overlaps(src_all, dst_all) and dst_all.data_ptr() != src_all.data_ptr() + index * m * itemsize:
         src_all, stage = src_all.clone(), True
-    # push touches only its workspace remotely, which lives on iris.ccl's own heap (so "auto",
-    # which picks push, never spends the caller's heap on it).
-    stage = stage or (config.variant if isinstance(config, Config) else "auto") in ("auto", "push")
+    # push touches only its workspace remotely, which lives on iris.ccl's own heap (so it
+    # never spends the caller's heap on it).
+    _host.check_config(config)
+    variant = select("reduce_scatter", inp.numel() * itemsize, size, inp.device.type != "cuda", config).variant
+    stage = stage or variant == "push"
     comm, in_place, cfg = _host.setup(
         "reduce_scatter", [out, inp], group, config, inp.numel() * itemsize, stage, op=rop
     )
