@@ -57,7 +57,9 @@ KERNEL_TYPES = {
     "iris.ccl.p2p._recv_kernel": {"dst": "*u8"},
 }
 #: Pointers to the collective's data: the profile's dtype.
-DATA_POINTERS = {"src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws", "boxes"}
+DATA_POINTERS = {
+    "src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws", "boxes",
+}  # fmt: skip
 #: Pointers to accumulators: fp32 for floating profiles, else the profile's dtype.
 ACC_POINTERS = {"acc", "part"}
 #: Runtime integer scalars.

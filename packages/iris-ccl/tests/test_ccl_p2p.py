@@ -213,7 +213,8 @@ def timeout_body(rank, world_size):
         ccl.check_errors()
 
     if rank == 1:
-        _expect(bad, iris.mem.DeviceWaitTimeout, ["rank 1", "rank 0"], checked, ccl.recv, torch.empty_like(x), 0)
+        words = ["rank 1", "rank 0"]
+        _expect(bad, iris.mem.DeviceWaitTimeout, words, checked, ccl.recv, torch.empty_like(x), 0)
     dist.barrier()
     if rank == 0:
         ccl.send(x, 1)  # buffered in rank 1's mailbox

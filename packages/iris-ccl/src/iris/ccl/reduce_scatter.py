@@ -127,7 +127,8 @@ def reduce_scatter(
     # push touches only its workspace remotely, which lives on iris.ccl's own heap (so it
     # never spends the caller's heap on it).
     _host.check_config(config)
-    variant = select("reduce_scatter", inp.numel() * itemsize, size, inp.device.type != "cuda", config).variant
+    interpreted = inp.device.type != "cuda"
+    variant = select("reduce_scatter", inp.numel() * itemsize, size, interpreted, config).variant
     stage = stage or variant == "push"
     comm, in_place, cfg = _host.setup(
         "reduce_scatter", [out, inp], group, config, inp.numel() * itemsize, stage, op=rop

@@ -1,0 +1,130 @@
+"""``Config(variant="auto")``'s tuning table and ``Config.programs`` of the persistent kernels.
+
+* The packaged table is valid and picks, for every collective and world size, a variant the
+  collective has; ``IRIS_CCL_TABLE`` replaces it; a malformed table is a clear error.
+* Persistent kernels give the torch result whatever the number of programs: one program
+  looping over every tile, and more programs than tiles (the host caps it at the tiles).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from ccl_testutils import make_input, mismatch, require_world, setup_rank
+
+from iris.mem.testing import run_world
+
+pytestmark = pytest.mark.timeout(300)
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def test_packaged_table_picks_a_variant_of_each_collective():
+    from iris.ccl import config
+
+    table = config.tuning_table()
+    assert "2" in table["world_sizes"], "the packaged table holds the measured world of 2"
+    for collective in COLLECTIVES:
+        for world in (2, 3, 4, 8):
+            for nbytes in (1, 8 << 10, 1 << 20, 64 << 20, 1 << 30, 1 << 40):
+                variant = config.auto_variant(collective, nbytes, world)
+                assert variant in config.VARIANTS[collective] and variant not in ("auto", "gluon")
+    # the measured table: small messages take the one-barrier variant
+    assert config.auto_variant("all_reduce", 8 << 10, 2) == "boxed"
+    assert config.select("all_reduce", 8 << 10, 2, True, None).variant == "boxed"
+
+
+def _in_child(code: str, table: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "IRIS_CCL_TABLE": table, "IRIS_BACKEND": "cpu"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_env_table_replaces_the_packaged_one(tmp_path):
+    path = tmp_path / "table.json"
+    rules = {c: [[1024, "pull" if c != "all_reduce" else "ring"], [None, "boxed"]] for c in COLLECTIVES}
+    path.write_text(json.dumps({"world_sizes": {"2": rules}, "default": rules}))
+    code = (
+        "from iris.ccl import config as c;"
+        "print(c.auto_variant('all_reduce', 1000, 2), c.auto_variant('all_reduce', 4096, 2),"
+        " c.auto_variant('all_gather', 10, 5))"
+    )
+    out = _in_child(code, str(path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ring", "boxed", "pull"]
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("{not json", ["cannot read the tuning table"]),
+        (json.dumps({"default": {"all_reduce": [[1024, "one_shot"]]}}), ["null", "all_reduce"]),
+        (json.dumps({"default": {"all_gather": [[None, "two_shot"]]}}), ["variants of all_gather"]),
+    ],
+)
+def test_bad_table_is_a_clear_error(tmp_path, content, words):
+    path = tmp_path / "table.json"
+    path.write_text(content)
+    out = _in_child("from iris.ccl import config; config.auto_variant('all_reduce', 1, 2)", str(path))
+    assert out.returncode != 0
+    assert "RuntimeError" in out.stderr and all(w in out.stderr for w in words), out.stderr
+
+
+def test_missing_table_is_a_clear_error(tmp_path):
+    out = _in_child("from iris.ccl import config; config.tuning_table()", str(tmp_path / "nope.json"))
+    assert out.returncode != 0 and "cannot read the tuning table" in out.stderr and "nope.json" in out.stderr
+
+
+def test_programs_must_be_in_range():
+    import iris.ccl as ccl
+
+    with pytest.raises(ValueError, match="programs"):
+        ccl.Config(programs=-1)
+    with pytest.raises(ValueError, match="programs"):
+        ccl.Config(programs=100_000)
+    with pytest.raises(TypeError, match="programs"):
+        ccl.Config(programs=2.0)
+
+
+def programs_body(rank, world_size):
+    setup_rank()
+    import iris.ccl as ccl
+
+    bad: list[str] = []
+    n = 3 * 1024 + 5  # 4 tiles of 1024, the last one partial
+    cases = 0
+    for programs in (1, 3, 64):
+        reductions = (("one_shot", torch.float32), ("two_shot", torch.bfloat16), ("boxed", torch.int32))
+        for variant, dtype in reductions:
+            cfg = ccl.Config(variant=variant, programs=programs, block_size=1024)
+            x = make_input((n,), dtype, rank, programs)
+            want = x.clone()
+            dist.all_reduce(want)
+            out = torch.empty_like(x)
+            ccl.all_reduce(out, x, config=cfg)
+            if (m := mismatch(out, want, f"all_reduce {variant} programs={programs}")) is not None:
+                bad.append(m)
+            cases += 1
+        for variant in ("push", "pull", "boxed"):
+            cfg = ccl.Config(variant=variant, programs=programs, block_size=1024)
+            x = make_input((n,), torch.float16, rank, programs + 1)
+            want = torch.empty(world_size * n, dtype=x.dtype, device=x.device)
+            dist.all_gather_into_tensor(want, x)
+            out = torch.empty_like(want)
+            ccl.all_gather(out, x, config=cfg)
+            if (m := mismatch(out, want, f"all_gather {variant} programs={programs}")) is not None:
+                bad.append(m)
+            cases += 1
+    return {"bad": bad, "cases": cases}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_any_number_of_programs_gives_the_torch_result(world_size):
+    require_world(world_size)
+    results = run_world(programs_body, world_size, timeout=240)
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
+    assert not problems, "\n".join(problems)
+    assert all(res["cases"] == 18 for res in results)
