@@ -125,6 +125,12 @@ def acquire(
 
 
 def _prepare(workspace, signature, heap, group, group_size, device, specs) -> None:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"iris.ops.{signature[0]}: the first call with a workspace prepares it (collectively, with "
+            "allocations and a host barrier), which a CUDA graph cannot capture; call the op once with the "
+            "same shapes before capturing"
+        )
     sync_specs = [
         ("members", group_size, torch.int32),
         ("sync_flags", MAX_PROGRAMS * group_size, torch.int32),
