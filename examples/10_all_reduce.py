@@ -25,7 +25,7 @@ def main() -> int:
     x = torch.randn(300, 7, device=device, generator=None) + rank  # any tensor, any shape
     want = x.clone()
     dist.all_reduce(want)
-    for variant in ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock"):
+    for variant in iris.ccl.VARIANTS["all_reduce"]:  # auto, boxed, one_shot, two_shot, ...
         out = torch.empty_like(x)
         iris.ccl.all_reduce(out, x, config=iris.ccl.Config(variant=variant))
         check(errors, variant, out, want)
@@ -36,7 +36,8 @@ def main() -> int:
         maxed = x.clone()
         dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
         check(errors, "heap, in place, MAX", h, maxed)
-    return report(NAME, errors, f"(sum of {world} ranks, 6 variants, and MAX in place on a heap)")
+    variants = len(iris.ccl.VARIANTS["all_reduce"])
+    return report(NAME, errors, f"(sum of {world} ranks, {variants} variants, and MAX in place on a heap)")
 
 
 if __name__ == "__main__":
