@@ -43,22 +43,23 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _k_block(
-    acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len,
+    acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
 ):  # fmt: skip
+    """``acc`` plus the product of K block ``k`` (``a_ptrs``/``b_ptrs`` point at block 0)."""
     in_k = k * BLOCK_K + tl.arange(0, BLOCK_K) < k_len
     if TMA_A:  # the copy engine zero-fills past the tensor's edges
         a = a_desc.load([a_row, k * BLOCK_K])
     elif EVEN_K:
-        a = tl.load(a_ptrs)
+        a = tl.load(a_ptrs + k * BLOCK_K * stride_ak)
     else:
-        a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
+        a = tl.load(a_ptrs + k * BLOCK_K * stride_ak, mask=in_k[None, :], other=0.0)
     if TMA_B:
         b = b_desc.load([b_row + k * BLOCK_K, b_col])
     elif EVEN_K:
-        b = tl.load(b_ptrs)
+        b = tl.load(b_ptrs + k * BLOCK_K * stride_bk)
     else:
-        b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
+        b = tl.load(b_ptrs + k * BLOCK_K * stride_bk, mask=in_k[:, None], other=0.0)
     if INTERPRETED:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
@@ -96,48 +97,20 @@ def matmul_tile(
     a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak
     b_ptrs = b + ks[:, None] * stride_bk + cols.to(tl.int64)[None, :] * stride_bn
     k_tiles = tl.cdiv(k_len, BLOCK_K)
-    if INTERPRETED:
+    if INTERPRETED:  # range() over a run-time bound fails there
         k = 0
         while k < k_tiles:
             acc = _k_block(
-                acc,
-                a_ptrs,
-                b_ptrs,
-                a_desc,
-                a_row,
-                b_desc,
-                b_row,
-                b_col,
-                k,
-                k_len,
-                BLOCK_K,
-                EVEN_K,
-                TMA_A,
-                TMA_B,
-            )
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+                acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
+                BLOCK_K, EVEN_K, TMA_A, TMA_B,
+            )  # fmt: skip
             k += 1
     else:
         for k in range(0, k_tiles):
             acc = _k_block(
-                acc,
-                a_ptrs,
-                b_ptrs,
-                a_desc,
-                a_row,
-                b_desc,
-                b_row,
-                b_col,
-                k,
-                k_len,
-                BLOCK_K,
-                EVEN_K,
-                TMA_A,
-                TMA_B,
-            )
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+                acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
+                BLOCK_K, EVEN_K, TMA_A, TMA_B,
+            )  # fmt: skip
     return acc
 
 
