@@ -1,8 +1,10 @@
 """A rank that stops taking part in collectives turns into an error on the others, never a
 hang, and (conftest's autouse fixture) leaves nothing behind in /dev/shm.
 
-CPU tier only: on GPUs a collective's wait timeout is recorded in device memory, and the
-host does not read it back after every launch.
+On the CPU backend the collective itself raises; on GPUs a kernel's wait timeout is recorded
+in device memory and ``iris.ccl.check_errors()`` (called here after each collective, as a
+user would after a synchronisation point) raises it. GPU tier: 2 ranks, one per GPU, and a
+spin budget of about a second.
 """
 
 import os
@@ -16,21 +18,41 @@ import iris.ccl
 import iris.mem
 from iris.mem.testing import launch_world
 
-pytestmark = [pytest.mark.timeout(300)]
+BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        BACKEND == "cuda" and torch.cuda.device_count() < 2, reason="the GPU tier needs 2 GPUs"
+    ),
+]
 
-WORLD = 3
-SHORT_SPIN = {"IRIS_SPIN_LIMIT": "20000"}
+WORLD = 2 if BACKEND == "cuda" else 3
+SHORT_SPIN = {"IRIS_SPIN_LIMIT": "2000000" if BACKEND == "cuda" else "20000"}
+
+
+def _device(rank: int) -> torch.device:
+    if BACKEND == "cuda":
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return torch.device("cpu")
+
+
+def _collective(fn, *args, **kwargs) -> None:
+    """Run a collective and surface a recorded wait timeout (GPUs record, the CPU raises)."""
+    fn(*args, **kwargs)
+    iris.ccl.check_errors()
 
 
 def absent_body(rank, world_size):
-    x = torch.full((100,), float(rank + 1))
-    iris.ccl.all_reduce(x, x)  # every rank: the communicators exist
-    assert bool((x == 6).all())
+    x = torch.full((100,), float(rank + 1), device=_device(rank))
+    _collective(iris.ccl.all_reduce, x, x)  # every rank: the communicators exist
+    assert bool((x == world_size * (world_size + 1) // 2).all())
     if rank == world_size - 1:
         return "absent"  # never arrives at the second all_reduce, and exits
     started = time.monotonic()
     try:
-        iris.ccl.all_reduce(x, x)
+        _collective(iris.ccl.all_reduce, x, x)
     except iris.mem.DeviceWaitTimeout as e:
         return str(e), time.monotonic() - started
     return "no error"
@@ -48,19 +70,19 @@ def test_absent_rank_times_out_the_others():
 
 
 def killed_body(rank, world_size):
-    x = torch.full((64,), float(rank + 1))
-    out = torch.empty(world_size * 64)
+    x = torch.full((64,), float(rank + 1), device=_device(rank))
+    out = torch.empty(world_size * 64, device=x.device)
     done = []
     started = time.monotonic()
     try:
-        iris.ccl.all_reduce(x, x)
+        _collective(iris.ccl.all_reduce, x, x)
         done.append("all_reduce")
-        iris.ccl.all_gather(out, x)
+        _collective(iris.ccl.all_gather, out, x)
         done.append("all_gather")
         if rank == world_size - 1:
             os.kill(os.getpid(), signal.SIGKILL)
         started = time.monotonic()
-        iris.ccl.all_reduce(x, x, op="max")
+        _collective(iris.ccl.all_reduce, x, x, op="max")
         done.append("all_reduce max")
     except iris.mem.DeviceWaitTimeout as e:
         return done, str(e), time.monotonic() - started
@@ -76,3 +98,17 @@ def test_sigkilled_rank_mid_sequence():
         assert done == ["all_reduce", "all_gather"]
         assert message is not None and f"waiting for rank {WORLD - 1}" in message
         assert seconds < 60
+
+
+def healthy_body(rank, world_size):
+    x = torch.full((1000,), float(rank + 1), device=_device(rank))
+    _collective(iris.ccl.all_reduce, x, x)
+    return float(x[0])
+
+
+def test_a_new_job_runs_normally_after_the_faults():
+    """After the faulty worlds above (their survivors gave up, nothing spins on): a fresh
+    job on the same devices runs a collective normally."""
+    results = launch_world(healthy_body, WORLD, timeout=120)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert [r.value for r in results] == [WORLD * (WORLD + 1) / 2] * WORLD
