@@ -163,7 +163,9 @@ def discover() -> tuple[list[tuple[str, object]], list[str]]:
             continue
         for attr, obj in vars(module).items():
             if isinstance(obj, JITFunction) and attr.endswith("_kernel"):
-                home = getattr(obj, "__module__", None) or getattr(obj.fn, "__module__", name)
+                # the wrapped function's module: a Gluon JITFunction's own __module__ is
+                # Triton's runtime module in Triton 3.9
+                home = getattr(obj.fn, "__module__", None) or name
                 kernels.setdefault(f"{home}.{obj.fn.__name__}", obj)
     return sorted(kernels.items()), errors
 
