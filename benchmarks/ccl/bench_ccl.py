@@ -143,6 +143,11 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,all_to_all")
     parser.add_argument("--max-bytes", type=int, default=GiB)
+    parser.add_argument(
+        "--sizes",
+        default="",
+        help="comma-separated per-rank sizes instead of 8 KiB * 4**i up to 1 GiB, e.g. 1MiB,256MiB",
+    )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--variants", default="", help="comma-separated iris variants to time (default: all)")
     parser.add_argument(
@@ -157,7 +162,8 @@ def main() -> int:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dtype = DTYPES[args.dtype]
     world = dist.get_world_size()
-    sizes = [s for s in SIZES if s <= args.max_bytes]
+    sizes = sorted(_parse_size(v) for v in args.sizes.split(",") if v) or SIZES
+    sizes = [s for s in sizes if s <= args.max_bytes]
     heap = iris.mem.init(2 * sizes[-1] * world + sizes[-1] + (256 << 20))
     bufs = Buffers(heap, sizes[-1], dtype, world)
     rows, failures = [], []
@@ -243,6 +249,15 @@ def _write_table(rows, path: str, world: int) -> None:
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
     print(f"wrote the tuning table {path}: use it with IRIS_CCL_TABLE={path}")
+
+
+def _parse_size(text: str) -> int:
+    """``"256MiB"`` -> 268435456 (units B, KiB, MiB, GiB; a bare number is bytes)."""
+    text = text.strip()
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB), ("B", 1)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    return int(text)
 
 
 def _size(nbytes: int) -> str:
