@@ -128,3 +128,31 @@ def test_any_number_of_programs_gives_the_torch_result(world_size):
     problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
     assert not problems, "\n".join(problems)
     assert all(res["cases"] == 18 for res in results)
+
+
+def logging_body(rank, world_size):
+    import io
+
+    import iris.ccl as ccl
+    from iris.mem import log
+
+    stream = io.StringIO()
+    log.configure("DEBUG", stream=stream)
+    x = make_input((100,), torch.float32, rank)
+    ccl.all_reduce(x, x)
+    log.configure("WARNING")
+    return stream.getvalue()
+
+
+def test_collectives_log_through_the_rank_aware_logger():
+    """IRIS_LOG_LEVEL / iris.mem.log: iris.ccl says which communicator and variant it uses,
+    each line with the [rank/world] prefix."""
+    results = run_world(logging_body, 2, timeout=120)
+    for rank, text in enumerate(results):
+        lines = text.splitlines()
+        assert any(f"[{rank}/2] DEBUG iris.ccl._comm: communicator for group [0, 1]" in ln for ln in lines), (
+            text
+        )
+        assert any(
+            f"[{rank}/2] DEBUG iris.ccl._host: all_reduce: 400 bytes" in ln and "boxed" in ln for ln in lines
+        )

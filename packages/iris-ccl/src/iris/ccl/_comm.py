@@ -16,8 +16,11 @@ import torch.distributed as dist
 
 import iris.mem
 from iris.mem import SymmetricHeap
+from iris.mem.log import get_logger
 
 from .config import MAX_PROGRAMS
+
+_log = get_logger(__name__)
 
 #: The staging buffers a communicator may make (iris.ccl's own heaps are sized for all).
 STAGING_NAMES = ("in", "out", "acc", "locks", "push")
@@ -97,6 +100,13 @@ class Communicator:
             self.p2p_mailbox = heap.empty(self.size * p2p_bytes(), dtype=torch.uint8)
             self.p2p_counters = heap.zeros(4 * self.size * (p2p_bytes() // P2P_TILE_BYTES), dtype=torch.int32)
         heap.barrier()
+        _log.debug(
+            "communicator for group %s on %s heap (%d bytes, %s)",
+            self.global_ranks,
+            "its own" if owns_heap else "the caller's",
+            heap.heap_size,
+            heap.backend,
+        )
 
     @property
     def device(self) -> torch.device:
@@ -111,6 +121,7 @@ class Communicator:
         buf = self._staging.get(name)
         if buf is None:
             buf = self.heap.empty(max(nbytes, staging_bytes(self.heap.backend)), dtype=torch.uint8)
+            _log.debug("staging buffer %r: %d bytes, group %s", name, buf.numel(), self.global_ranks)
             if zero:
                 buf.zero_()
                 self.heap.barrier()
@@ -139,6 +150,7 @@ class Communicator:
         code, rank, peer, address = (int(v) for v in self.status.tolist())
         if code:
             self.status.zero_()
+            _log.error("a collective gave up waiting: rank %d for rank %d (flag at %#x)", rank, peer, address)
             raise iris.mem.DeviceWaitTimeout(
                 f"rank {rank}: a collective gave up waiting for rank {peer} (flag at {address:#x}) after "
                 f"IRIS_SPIN_LIMIT={iris.mem.spin_limit()} spins; every rank of the group must call the same "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections import Counter
 from typing import Any
 
@@ -11,11 +12,14 @@ import torch.distributed as dist
 import triton
 
 import iris.mem
+from iris.mem.log import get_logger
 
 from . import _comm
 from .config import Config, check_config, select
 from .reduce_op import ReduceOp, check_dtype, check_op
 from .work import Work
+
+_log = get_logger(__name__)
 
 
 def check_tensor(t: Any, name: str) -> torch.Tensor:
@@ -137,6 +141,8 @@ def setup(
     in_place = comm is not None
     if comm is None:
         comm = _comm.own(group, tensors[0].device)
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("%s: %d bytes, %s, %s", collective, nbytes, "in place" if in_place else "staged", cfg)
     return comm, in_place, cfg
 
 

@@ -20,9 +20,12 @@ import torch
 
 import iris.mem
 from iris.mem import SymmetricHeap
+from iris.mem.log import get_logger
 
 from ._sync import STATE_WORDS
 from .config import MAX_PROGRAMS
+
+_log = get_logger(__name__)
 
 #: Every prepared workspace of this process (for :func:`check_errors`).
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -160,6 +163,13 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
     heap.barrier()  # every rank's flags are zero before any peer can signal them
     workspace.op, workspace.heap, workspace.buffers = signature[0], heap, buffers
     workspace._signature, workspace._owns_heap = signature, owns
+    _log.debug(
+        "workspace for %s prepared: %d buffers, %d bytes, on %s heap",
+        _describe(signature),
+        len(buffers),
+        sum(b.numel() * b.element_size() for b in buffers.values()),
+        "its own" if owns else "the output's",
+    )
     _LIVE.add(workspace)
 
 
