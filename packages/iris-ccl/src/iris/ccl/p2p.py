@@ -103,7 +103,8 @@ def _send_kernel(
     context, members, flags, epochs, status, budget, src, box, seq, ack, sent, nbytes, peer,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Send ``nbytes`` bytes of ``src`` to heap rank ``peer``, one tile of ``BLOCK`` per program."""
+    """Send ``nbytes`` elements (bytes, or int32 words) of ``src`` to heap rank ``peer``, one
+    tile of ``BLOCK`` elements (``P2P_TILE_BYTES`` bytes) per program."""
     ctx = Context.initialize(context, RANK, WORLD)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -115,7 +116,8 @@ def _recv_kernel(
     context, members, flags, epochs, status, budget, dst, box, seq, ack, received, nbytes, peer,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Receive ``nbytes`` bytes from heap rank ``peer`` into ``dst``, one tile per program."""
+    """Receive ``nbytes`` elements (bytes, or int32 words) from heap rank ``peer`` into
+    ``dst``, one tile per program."""
     ctx = Context.initialize(context, RANK, WORLD)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -133,15 +135,18 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
         raise ValueError(f"{kind}: {name}={rank} is this rank; a rank cannot {kind} to itself")
     # Made on first use, collectively: every rank of the group must reach some iris.ccl call.
     comm = _comm.own(group, tensor.device)
-    cfg = dataclasses.replace(
-        select(kind, tensor.numel() * tensor.element_size(), comm.size, comm.heap.backend == "cpu", config),
-        block_size=_comm.P2P_TILE_BYTES,
-    )
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
         return _host.finish(comm, async_op)
     data = _rooted.flat(tensor)
     raw = data.view(torch.uint8)
+    # Whole 16-byte words move as int32 vectors; any other message byte by byte. The
+    # mailbox holds the same bytes either way, so the two sides need not agree on it.
+    word = 4 if nbytes % 16 == 0 and raw.data_ptr() % 16 == 0 else 1
+    cfg = dataclasses.replace(
+        select(kind, nbytes, comm.size, comm.heap.backend == "cpu", config),
+        block_size=_comm.P2P_TILE_BYTES // word,
+    )
     slot_bytes = _comm.p2p_bytes()
     counters = comm.p2p_counters.view(4, comm.size, slot_bytes // _comm.P2P_TILE_BYTES)
     sender, receiver = (comm.index, peer) if kind == "send" else (peer, comm.index)
@@ -149,8 +154,10 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
     seq, ack = counters[_SEQ, sender], counters[_ACK, receiver]
     count = counters[_SENT, peer] if kind == "send" else counters[_RECEIVED, peer]
     kernel = _send_kernel if kind == "send" else _recv_kernel
-    for start, length in _host.chunks(nbytes, slot_bytes):
-        grid = _host.cdiv(length, _comm.P2P_TILE_BYTES)
+    if word == 4:
+        raw, box = raw.view(torch.int32), box.view(torch.int32)
+    for start, length in _host.chunks(nbytes // word, slot_bytes // word):
+        grid = _host.cdiv(length, cfg.block_size)
         _host.launch(kernel, grid, comm, cfg, raw[start:], box, seq, ack, count, length, comm.members[peer])
     if kind == "recv":
         _host.copy_back(tensor, data)
