@@ -17,7 +17,7 @@ from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-ALL_VARIANTS = ("boxed", "one_shot", "two_shot", "ring", "atomic", "spinlock", "auto")
+ALL_VARIANTS = ("boxed", "one_shot", "two_shot", "two_shot_push", "ring", "atomic", "spinlock", "auto")
 SUM_AVG_ONLY = ("atomic", "spinlock")
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0

@@ -65,7 +65,7 @@ ACC_POINTERS = {"acc", "part"}
 #: Runtime integer scalars.
 SCALARS = {
     "n", "numel", "count", "length", "offset", "start", "stride", "root", "peer", "nbytes",
-    "n_per_rank", "src_per_rank", "dst_per_rank", "box_stride", "src_stride", "dst_stride",
+    "n_per_rank", "src_per_rank", "dst_per_rank", "box_stride", "src_stride", "dst_stride", "chunk",
 }  # fmt: skip
 #: Profiles: the dtype of data pointers and the value of every known constexpr. GROUP is
 #: 2 or 3 (ME < GROUP, RANK < WORLD); roots are valid member indices.

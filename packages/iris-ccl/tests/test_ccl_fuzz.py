@@ -34,7 +34,16 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
 
     DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
     VARIANTS = {
-        "all_reduce": ["auto", "boxed", "one_shot", "two_shot", "ring", "atomic", "spinlock"],
+        "all_reduce": [
+            "auto",
+            "boxed",
+            "one_shot",
+            "two_shot",
+            "two_shot_push",
+            "ring",
+            "atomic",
+            "spinlock",
+        ],
         "all_gather": ["auto", "boxed", "push", "pull"],
         "reduce_scatter": ["auto", "boxed", "push", "pull"],
         "all_to_all": ["auto", "boxed", "push", "pull"],

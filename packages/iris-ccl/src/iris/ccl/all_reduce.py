@@ -10,6 +10,12 @@ Variants (``Config.variant``):
 Both are persistent kernels: ``Config.programs`` programs (one per SM by default) loop over
 the tiles between one start and one end barrier (an in-place ``one_shot`` synchronises
 per tile instead, since a peer may still read the tile it overwrites).
+* ``two_shot_push``: the two-shot exchange with stores only on the link: chunk ``j`` of
+  every input is stored into member ``j``'s output (used as scratch), member ``j`` reduces
+  it and stores the result into every member's output. Remote stores keep more of the link
+  than remote loads when both directions are busy. Needs an output that does not overlap
+  the input (in place it runs ``two_shot``); a remainder of fewer than ``16 G`` elements
+  goes through ``boxed``.
 * ``ring``: ``2 (G-1)`` steps between neighbours only (reduce-scatter then all-gather).
 * ``atomic``: every rank adds its input into every member's accumulator with atomics.
 * ``spinlock``: like ``atomic``, but read-add-write under a per-tile lock on the target.
@@ -20,16 +26,18 @@ fp32 accumulator in the workspace).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _host
+from . import _boxed, _comm, _host
 from .config import Config
 from .reduce_op import ReduceOp
-from .triton import Group, tiles
+from .triton import Group, combine, tiles
 from .work import Work
 
 # Every collective kernel takes the communicator's leading arguments (context tensor,
@@ -82,6 +90,93 @@ def _two_shot_kernel(
         )
         t += tl.num_programs(0)
     group.sync(ctx, pid)
+
+
+@triton.jit
+def _two_shot_push_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, chunk,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
+):  # fmt: skip
+    """Two-shot all-reduce in which only stores cross the link. ``src`` and ``dst`` hold
+    ``GROUP`` chunks of ``chunk`` elements; member ``j`` owns chunk ``j``. Program ``p``
+    works on tiles ``p, p + P, ...`` of a chunk, and the same tile on every member is
+    always program ``p``'s, so per-program barriers order everything:
+
+    1. (after a start barrier: every member's ``dst`` is free) store chunk ``j`` of the local
+       ``src`` into member ``j``'s ``dst`` at chunk ``ME``: a peer's ``dst`` chunks other
+       than its own are scratch for the members' contributions;
+    2. barrier; reduce the own chunk: the local ``src`` chunk and the contributions in the
+       local ``dst``, in member order, into the own chunk of the local ``dst``;
+    3. barrier (every member has read its scratch); store the reduced chunk into every
+       member's ``dst`` at chunk ``ME``; end barrier.
+
+    ``src`` is read locally only (any memory); ``dst`` is on the heap and must not overlap
+    ``src``."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    ntiles = tl.cdiv(chunk, BLOCK)
+    mine = tl.cast(ME, tl.int64) * chunk
+    group.sync(ctx, pid, False)
+    t = pid
+    while t < ntiles:
+        lanes = t * BLOCK + tl.arange(0, BLOCK)
+        mask = lanes < chunk
+        for k in tl.static_range(1, GROUP):
+            j = (ME + k) % GROUP
+            x = tl.load(src + tl.cast(j, tl.int64) * chunk + lanes, mask=mask)
+            ctx.store(dst + mine + lanes, x, group.rank(j), mask=mask, hint=HINT)
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
+    t = pid
+    while t < ntiles:
+        lanes = t * BLOCK + tl.arange(0, BLOCK)
+        mask = lanes < chunk
+        acc = tl.load((src + mine if ME == 0 else dst) + lanes, mask=mask, other=0)
+        if ACC_FP32:
+            acc = acc.to(tl.float32)
+        for i in tl.static_range(1, GROUP):
+            x = tl.load((src + mine if i == ME else dst + i * chunk) + lanes, mask=mask, other=0)
+            if ACC_FP32:
+                x = x.to(tl.float32)
+            acc = combine(acc, x, OP)
+        if OP == "avg":
+            acc = acc / GROUP
+        tl.store(dst + mine + lanes, acc.to(dst.dtype.element_ty), mask=mask)
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
+    t = pid
+    while t < ntiles:
+        lanes = t * BLOCK + tl.arange(0, BLOCK)
+        mask = lanes < chunk
+        x = tl.load(dst + mine + lanes, mask=mask)
+        for k in tl.static_range(1, GROUP):
+            ctx.store(dst + mine + lanes, x, group.rank((ME + k) % GROUP), mask=mask, hint=HINT)
+        t += tl.num_programs(0)
+    group.sync(ctx, pid)
+
+
+def _two_shot_push(comm, cfg: Config, src_all, dst_all, in_place: bool, rop: ReduceOp, group) -> None:
+    """Host side of ``two_shot_push``: the largest multiple of ``16 G`` elements through the
+    kernel (chunks of whole 16-element vectors), the few elements left through ``boxed``."""
+    n, size = src_all.numel(), comm.size
+    unit = 16 * size
+    main = n - n % unit
+    meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
+    per_launch = max(_host.max_elements(cfg, 8, not in_place, comm, 0) // unit * unit, unit)
+    for start, length in _host.chunks(main, per_launch):
+        src, dst = src_all[start : start + length], dst_all[start : start + length]
+        kdst = dst if in_place else comm.staging_like("out", dst)  # peers write it: on the heap
+        chunk = length // size
+        meta["HINT"] = _host.vector_hint((src, kdst), (chunk * src.element_size(),))
+        grid = _host.persistent_grid(comm, cfg, chunk)
+        _host.launch(_two_shot_push_kernel, grid, comm, cfg, src, kdst, length, chunk, **meta)
+        if kdst is not dst:
+            dst.copy_(kdst)
+    if main < n:
+        own = _comm.own(group, dst_all.device)
+        _boxed.run("all_reduce", own, cfg, src_all[main:], dst_all[main:], n - main, rop.value)
 
 
 @triton.jit
@@ -164,8 +259,14 @@ def all_reduce(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant == "boxed":
-        _boxed.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
+    if cfg.variant == "two_shot_push" and _host.overlaps(src_all, dst_all):
+        # its peers use the output as scratch while the input is still being read
+        cfg = dataclasses.replace(cfg, variant="two_shot")
+    if cfg.variant in ("boxed", "two_shot_push"):
+        if cfg.variant == "boxed":
+            _boxed.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
+        else:
+            _two_shot_push(comm, cfg, src_all, dst_all, in_place, rop, group)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
     ring = cfg.variant == "ring"

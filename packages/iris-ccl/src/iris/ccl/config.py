@@ -10,7 +10,7 @@ from pathlib import Path
 
 #: Variants each collective accepts ("auto" picks from the table).
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("auto", "boxed", "one_shot", "two_shot", "ring", "atomic", "spinlock"),
+    "all_reduce": ("auto", "boxed", "one_shot", "two_shot", "two_shot_push", "ring", "atomic", "spinlock"),
     "all_gather": ("auto", "boxed", "push", "pull", "gluon"),
     "reduce_scatter": ("auto", "boxed", "push", "pull"),
     "all_to_all": ("auto", "boxed", "push", "pull"),
