@@ -33,7 +33,7 @@ from iris.mem.triton import Context
 
 from . import _host
 from .config import Config
-from .triton import Group, combine
+from .triton import Group, tiles
 
 #: Bytes before the boxes in the staging buffer: the launch counters.
 _HEADER = 256
@@ -72,16 +72,7 @@ def _boxed_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         if MODE == "all_reduce" or MODE == "reduce_scatter":
-            acc = tl.load((own if ME == 0 else bank) + offs, mask=mask, other=0)
-            if ACC_FP32:
-                acc = acc.to(tl.float32)
-            for i in tl.static_range(1, GROUP):
-                x = tl.load((own if i == ME else bank + i * box_stride) + offs, mask=mask, other=0)
-                if ACC_FP32:
-                    x = x.to(tl.float32)
-                acc = combine(acc, x, OP)
-            if OP == "avg":
-                acc = acc / GROUP
+            acc = tiles.reduce_slots(own, bank, box_stride, offs, mask, ME, GROUP, OP, ACC_FP32)
             tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
         else:
             for i in tl.static_range(GROUP):

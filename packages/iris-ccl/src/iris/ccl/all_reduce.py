@@ -37,7 +37,7 @@ from iris.mem.triton import Context
 from . import _boxed, _comm, _host
 from .config import Config
 from .reduce_op import ReduceOp
-from .triton import Group, combine, tiles
+from .triton import Group, tiles
 from .work import Work
 
 # Every collective kernel takes the communicator's leading arguments (context tensor,
@@ -133,16 +133,7 @@ def _two_shot_push_kernel(
     while t < ntiles:
         lanes = t * BLOCK + tl.arange(0, BLOCK)
         mask = lanes < chunk
-        acc = tl.load((src + mine if ME == 0 else dst) + lanes, mask=mask, other=0)
-        if ACC_FP32:
-            acc = acc.to(tl.float32)
-        for i in tl.static_range(1, GROUP):
-            x = tl.load((src + mine if i == ME else dst + i * chunk) + lanes, mask=mask, other=0)
-            if ACC_FP32:
-                x = x.to(tl.float32)
-            acc = combine(acc, x, OP)
-        if OP == "avg":
-            acc = acc / GROUP
+        acc = tiles.reduce_slots(src + mine, dst, chunk, lanes, mask, ME, GROUP, OP, ACC_FP32)
         tl.store(dst + mine + lanes, acc.to(dst.dtype.element_ty), mask=mask)
         t += tl.num_programs(0)
     group.sync(ctx, pid)

@@ -19,6 +19,7 @@ from .tiles import (
     reduce_pull,
     reduce_scatter_pull,
     reduce_scatter_push,
+    reduce_slots,
     reduce_tile,
     scatter_push,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "reduce_pull",
     "reduce_scatter_pull",
     "reduce_scatter_push",
+    "reduce_slots",
     "reduce_tile",
     "scatter_push",
 ]

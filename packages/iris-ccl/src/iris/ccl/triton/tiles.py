@@ -311,17 +311,38 @@ def reduce_scatter_push_reduce(
 ):
     """Second half of :func:`reduce_scatter_push` (no barrier): reduce the local workspace
     slots of the tile in member order into the local ``dst``."""
-    acc = tl.load(ws + offs, mask=mask, other=0)
+    own = ws + tl.cast(group.index, tl.int64) * ws_per_rank
+    acc = reduce_slots(own, ws, ws_per_rank, offs, mask, group.index, group.size, OP, ACC_FP32)
+    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def reduce_slots(
+    own,
+    slots,
+    stride,
+    offs,
+    mask,
+    ME: tl.constexpr,
+    GROUP: tl.constexpr,
+    OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True,
+):
+    """Local reduction of one tile over the members, in member order (bitwise the same as
+    :func:`reduce_tile`): member ``i``'s data is at ``own + offs`` for ``i == ME`` and at
+    ``slots + i * stride + offs`` otherwise (the contributions a push-based collective has
+    stored into this rank's memory). Returns the accumulator; AVG is divided by ``GROUP``."""
+    acc = tl.load((own if ME == 0 else slots) + offs, mask=mask, other=0)
     if ACC_FP32:
         acc = acc.to(tl.float32)
-    for i in tl.static_range(1, group.size):
-        x = tl.load(ws + tl.cast(i, tl.int64) * ws_per_rank + offs, mask=mask, other=0)
+    for i in tl.static_range(1, GROUP):
+        x = tl.load((own if i == ME else slots + tl.cast(i, tl.int64) * stride) + offs, mask=mask, other=0)
         if ACC_FP32:
             x = x.to(tl.float32)
         acc = combine(acc, x, OP)
     if OP == "avg":
-        acc = acc / group.size
-    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+        acc = acc / GROUP
+    return acc
 
 
 @triton.jit
