@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --out benchmarks/ops/results --plot
     torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --quick            # 3 shapes
     torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --tune --quick     # try configs
+    torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --shapes 1024x8192x4096 --ops matmul_all_reduce
     python benchmarks/ops/bench_ops.py --replot benchmarks/ops/results/results.json
     IRIS_BACKEND=cpu torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --smoke  # no GPU
 
@@ -49,7 +50,7 @@ OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmu
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: (block_m, block_n, block_k, num_warps, num_stages) candidates for --tune, besides the
 #: default: for prefill shapes (more than 128 rows of output tiles) and for decode shapes.
-PREFILL_TILES = [(128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3)]
+PREFILL_TILES = [(128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4)]
 DECODE_TILES = [(64, 128, 128, 4, 4), (64, 64, 128, 4, 4), (128, 64, 128, 4, 4)]
 
 
@@ -363,6 +364,9 @@ def main() -> int:
     parser.add_argument(
         "--tune", action="store_true", help="try a few Configs per op and shape, print the best"
     )
+    parser.add_argument(
+        "--shapes", default="", help="comma-separated MxNxK shapes instead of the default set, e.g. 8192x8192x4096"
+    )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--plot", action="store_true", help="write PNG plots (needs matplotlib)")
     parser.add_argument("--replot", metavar="RESULTS_JSON", help="only redraw the plots of an earlier run")
@@ -384,6 +388,8 @@ def main() -> int:
     bench = Bench(DTYPES[args.dtype])
     ops = [op for op in args.ops.split(",") if op]
     shapes = SMOKE if args.smoke else QUICK if args.quick else SHAPES + DECODE
+    if args.shapes:
+        shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",") if shape]
     if args.tune:
         tuned = tune(bench, ops, shapes, args.reps)
         if bench.rank == 0:
