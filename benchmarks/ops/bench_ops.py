@@ -50,7 +50,15 @@ OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmu
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: (block_m, block_n, block_k, num_warps, num_stages) candidates for --tune, besides the
 #: default: for prefill shapes (more than 128 rows of output tiles) and for decode shapes.
-PREFILL_TILES = [(128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4)]
+PREFILL_TILES = [
+    (128, 256, 64, 8, 3),
+    (128, 256, 64, 8, 4),
+    (128, 128, 64, 8, 3),
+    (128, 128, 64, 8, 4),
+    (128, 128, 64, 8, 5),
+    (256, 128, 64, 8, 3),
+    (64, 256, 64, 4, 4),
+]
 DECODE_TILES = [(64, 128, 128, 4, 4), (64, 64, 128, 4, 4), (128, 64, 128, 4, 4)]
 
 
@@ -295,17 +303,18 @@ def run(bench: Bench, ops, shapes, reps: int) -> tuple[list[dict], list[str]]:
 
 
 def _candidates(op: str, m: int, world: int):
-    """Configs --tune times for ``op`` at ``m`` output rows: the default, other tiles, TMA,
-    and the op's own knobs."""
+    """Configs --tune times for ``op`` at ``m`` output rows: the default, other tiles with
+    and without TMA, and the op's own knobs."""
     import iris.ops
 
     rows = m if op in ("matmul_all_reduce", "matmul_reduce_scatter") else m // world
     tiles = PREFILL_TILES if rows > 128 else DECODE_TILES
-    out = [None, iris.ops.Config(tma=True)]
-    for bm, bn, bk, w, st in tiles:
-        out.append(iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st))
-    bm, bn, bk, w, st = tiles[1]
-    out.append(iris.ops.Config(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, tma=True))
+    out = [None]
+    for tma in (False, True):
+        for bm, bn, bk, w, st in tiles:
+            tile = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+            out.append(iris.ops.Config(**tile, tma=tma))
+    out += [iris.ops.Config(group_m=g) for g in (4, 16)]
     if op == "matmul_all_reduce":
         out += [iris.ops.Config(split="m"), iris.ops.Config(split="n")]
     if op == "all_gather_matmul":
@@ -365,7 +374,7 @@ def main() -> int:
         "--tune", action="store_true", help="try a few Configs per op and shape, print the best"
     )
     parser.add_argument(
-        "--shapes", default="", help="comma-separated MxNxK shapes instead of the default set, e.g. 8192x8192x4096"
+        "--shapes", default="", help="comma-separated MxNxK shapes instead of the defaults, e.g. 1x4096x512"
     )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--plot", action="store_true", help="write PNG plots (needs matplotlib)")
