@@ -97,6 +97,11 @@ def _time_us(fn, reps: int) -> float:
     end.record()
     end.synchronize()
     calls = max(1, min(20, int(2000 / max(start.elapsed_time(end) * 1000, 1.0))))
+    # Every rank must make the same number of calls: the fused ops count calls (generations)
+    # on the device, and a rank that made one more would wait for its peer until the budget.
+    agreed = torch.tensor([calls], device=DEVICE)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    calls = int(agreed.item())
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
