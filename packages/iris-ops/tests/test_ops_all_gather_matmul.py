@@ -35,10 +35,13 @@ CASES = {
     2: [
         dict(dtype=torch.bfloat16, shard=(13, 43), n=29, bias=True, out_kind="heap", gather_dim=0, repeat=2),
         dict(dtype=torch.float32, shard=(37, 11), n=29, bias=False, out_kind="strided", gather_dim=1),
+        # decode: every gathered row fits in one tile row (the combined path, shard split by columns)
+        dict(dtype=torch.bfloat16, shard=(3, 70), n=29, bias=True, out_kind="plain", gather_dim=0, repeat=3),
     ],
     3: [
         dict(dtype=torch.float32, shard=(13, 43), n=29, bias=False, out_kind="plain", gather_dim=0),
         dict(dtype=torch.float16, shard=(37, 11), n=29, bias=True, out_kind="heap", gather_dim=1, repeat=2),
+        dict(dtype=torch.float16, shard=(5, 41), n=37, bias=False, out_kind="heap", gather_dim=0, repeat=2),
         dict(
             dtype=torch.bfloat16, shard=(16, 32), n=48, bias=True, out_kind="strided", gather_dim=0, tma=True
         ),

@@ -73,6 +73,7 @@ PROFILES = [
     ("fp16 decode", "fp16", 64, 8192, _flags(True, False, True, True)),
     ("fp32 tf32", "fp32", 1024, 4096, _flags(False, True, False, True)),
     ("bf16 TMA", "bf16", 8192, 8192, _flags(False, False, True, False, tma=True)),
+    ("bf16 decode gathered", "bf16", 16, 8192, {**_flags(True, True, False, False), "COMBINED": True}),
 ]
 COMMON = {
     "RANK": 1,

@@ -87,6 +87,8 @@ AGM_CASES = [
     dict(dtype=BF, shard=(512, 4096), n=8192, bias=False, out_kind="plain", gather_dim=0, tma=False),
     dict(dtype=BF, shard=(512, 2048), n=8192, bias=False, out_kind="heap", gather_dim=1, tma=False),
     dict(dtype=BF, shard=(64, 4096), n=8192, bias=False, out_kind="heap", gather_dim=0),
+    dict(dtype=BF, shard=(8, 4096), n=8192, bias=True, out_kind="plain", gather_dim=0, repeat=3),
+    dict(dtype=FP16, shard=(3, 1000), n=3000, bias=False, out_kind="heap", gather_dim=0),
     dict(dtype=BF, shard=(128, 2048), n=8192, bias=False, out_kind="plain", gather_dim=1),
     dict(dtype=FP16, shard=(999, 1999), n=3000, bias=True, out_kind="strided", gather_dim=0),
     dict(dtype=FP32, shard=(777, 500), n=1536, bias=False, out_kind="heap", gather_dim=1),

@@ -191,11 +191,16 @@ def _atomic_kernel(
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    if LOCKED:
-        tiles.all_reduce_spinlock(ctx, group, src, acc, offs, offs < n, locks + pid, pid)
-    else:
-        tiles.all_reduce_atomic(ctx, group, src, acc, offs, offs < n, pid)
+    programs = tl.num_programs(0)
+    ntiles = tl.cdiv(n, BLOCK)
+    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
+    while t < ntiles:
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        if LOCKED:
+            tiles.all_reduce_spinlock(ctx, group, src, acc, offs, offs < n, locks + pid, pid)
+        else:
+            tiles.all_reduce_atomic(ctx, group, src, acc, offs, offs < n, pid)
+        t += programs
 
 
 _KERNELS = {"one_shot": _one_shot_kernel, "two_shot": _two_shot_kernel, "ring": _ring_kernel}
@@ -261,7 +266,7 @@ def all_reduce(
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
     ring = cfg.variant == "ring"
-    persistent = cfg.variant in ("one_shot", "two_shot")
+    persistent = cfg.variant in ("one_shot", "two_shot", "atomic", "spinlock")
     tiles_per_slot = 0 if persistent else comm.size if ring else 1
     per_launch = _host.max_elements(cfg, 8, not in_place, comm, tiles_per_slot)
     for start, length in _host.chunks(n, per_launch):
@@ -285,6 +290,7 @@ def all_reduce(
                 dst.copy_(kdst)
         else:
             acc = comm.staging_like("acc", dst, dtype=_host.acc_dtype(dst.dtype))
+            grid = _host.persistent_grid(comm, cfg, length)
             locks = comm.staging("locks", grid * 4, zero=True).view(torch.int32)
             _host.launch(
                 _atomic_kernel, grid, comm, cfg, src, acc, locks, length, LOCKED=cfg.variant == "spinlock",

@@ -61,6 +61,15 @@ def signal(ctx, flag, gen, to_rank):
 
 
 @triton.jit
+def signal_count(ctx, flag, to_rank):
+    """Add one to ``flag`` on ``to_rank`` once every thread's earlier stores are visible
+    there: for a flag raised by several programs per call, whose waiters expect
+    ``generation x programs`` counts (it only grows, like a generation)."""
+    tl.debug_barrier()
+    ctx.atomic_add(flag, 1, to_rank, sem="release", scope="sys")
+
+
+@triton.jit
 def wait(ctx, group, flag, gen, peer):
     """Spin (acquire, system scope) until the local ``flag`` reaches ``gen``; record a
     timeout naming ``peer`` (the rank expected to set it) after ``group.budget`` polls.

@@ -33,7 +33,7 @@ from iris.mem.triton import Context
 
 from . import _host
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
-from ._sync import call_generation, claim_tile, finish_call, remote_tile, signal, wait
+from ._sync import call_generation, claim_tile, finish_call, remote_tile, signal, signal_count, wait
 from .config import Config
 from .workspace import Workspace
 
@@ -64,6 +64,28 @@ def _push_shard(
 
 
 @triton.jit
+def _push_combined(
+    ctx, group, a, ws, ready, MS, KS, pushers,
+    PUSH_M: tl.constexpr, PUSH_K: tl.constexpr, ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """``COMBINED``: this pusher's column blocks (``pid``, ``pid + pushers``, ...) of the
+    whole local shard (``MS <= PUSH_M`` rows) into slot ``ME`` of every member's ``ws``, its
+    own included; then one count on ``ready[ME]`` of every member. The shard is complete
+    there once the flag reaches ``pushers`` counts per call (``gen * pushers``)."""
+    slot = group.index * tl.cast(MS, tl.int64) * KS
+    kk = tl.program_id(0) * PUSH_K
+    while kk < KS:
+        origin, offs, mask = tile_offsets(0, MS, kk, KS, KS, 1, PUSH_M, PUSH_K)
+        x = tl.load(a + origin + offs, mask=mask)
+        for i in tl.static_range(group.size):
+            peer = group.rank((group.index + i) % group.size)
+            tl.store(remote_tile(ctx, ws, peer, slot + origin, offs, ALIGNED), x, mask=mask)
+        kk += pushers * PUSH_K
+    for i in tl.static_range(group.size):
+        signal_count(ctx, ready + group.index, group.rank((group.index + i) % group.size))
+
+
+@triton.jit
 def _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks):
     """Where member ``j``'s shard is read: ``a`` itself for this rank, else the workspace
     slot, once the flag of row block ``pid_m`` shows this call's generation."""
@@ -83,29 +105,48 @@ def _all_gather_matmul_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PUSH_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATHER_K: tl.constexpr,
-    TMA_B: tl.constexpr, ALIGNED: tl.constexpr,
+    TMA_B: tl.constexpr, ALIGNED: tl.constexpr, COMBINED: tl.constexpr = False, PUSH_M: tl.constexpr = 16,
 ):  # fmt: skip
     """Every shard is ``MS x KS`` (row-major; ``a`` is this rank's). Along M (``GATHER_K``
     False) ``out`` is ``(GROUP*MS, N)`` and ``b`` ``(KS, N)``; along K ``out`` is ``(MS, N)``
     and ``b`` ``(GROUP*KS, N)``. ``ws`` holds ``GROUP`` shard slots; ``ready[j, r]`` is the
-    flag of row block ``r`` of member ``j``'s shard."""
+    flag of row block ``r`` of member ``j``'s shard.
+
+    ``COMBINED`` (along M, when all ``GROUP*MS`` rows fit in one tile row: decode shapes):
+    the pushers split the shard by columns (``PUSH_M x PUSH_K`` blocks) and copy it into
+    this rank's own slot too, so ``ws`` holds the gathered A as one ``(GROUP*MS, KS)``
+    matrix; every tile waits for all shards and reads B once, instead of once per shard."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
     gen = call_generation(state)
     row_blocks = tl.cdiv(MS, BLOCK_M)
     if tl.program_id(0) < pushers:
         group.sync(ctx, tl.program_id(0))  # every member has entered: its workspace is free
-        _push_shard(ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M, PUSH_K, ALIGNED)
+        if COMBINED:
+            _push_combined(ctx, group, a, ws, ready, MS, KS, pushers, PUSH_M, PUSH_K, ALIGNED)
+        else:
+            _push_shard(ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M, PUSH_K, ALIGNED)
     tiles_n = tl.cdiv(N, BLOCK_N)
     chunk_tiles = row_blocks * tiles_n
-    if GATHER_K:
+    if GATHER_K or COMBINED:
         total = chunk_tiles
     else:
         total = GROUP * chunk_tiles
     i = claim_tile(state)
     while i < total:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if GATHER_K:
+        if COMBINED:  # one row block: rows of every shard, in member order
+            pid_m = i * 0
+            pid_n = i
+            for j in tl.static_range(GROUP):
+                wait(ctx, group, ready + j, gen * pushers, group.rank(j))
+            acc = matmul_tile(
+                acc, ws, b, 0, GROUP * MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ws, 0, b_desc, 0, pid_n * BLOCK_N, False, TMA_B,
+            )  # fmt: skip
+            out_row = pid_m * 0
+            rows_valid = GROUP * MS
+        elif GATHER_K:
             pid_m, pid_n = grouped_tile(i, row_blocks, tiles_n, GROUP_M)
             for s in range(GROUP):  # this rank's K slice first
                 j = (ME + s) % GROUP
@@ -117,6 +158,7 @@ def _all_gather_matmul_kernel(
                     src, 0, b_desc, j * KS, pid_n * BLOCK_N, False, TMA_B,
                 )  # fmt: skip
             out_row = pid_m * 0
+            rows_valid = MS
         else:
             position = i // chunk_tiles  # this rank's rows first
             c = (ME + position) % GROUP
@@ -127,10 +169,11 @@ def _all_gather_matmul_kernel(
                 BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, src, 0, b_desc, 0, pid_n * BLOCK_N, False, TMA_B,
             )  # fmt: skip
             out_row = c * MS
+            rows_valid = MS
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
         acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
-        origin, offs, mask = tile_offsets(row0, MS, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        origin, offs, mask = tile_offsets(row0, rows_valid, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
         origin += tl.cast(out_row, tl.int64) * stride_om
         tl.store(out + origin + offs, acc.to(out.dtype.element_ty), mask=mask)
         i = claim_tile(state)
@@ -197,9 +240,19 @@ def all_gather_matmul(
     ws = _host.workspace_for(
         op, ranks, index, shapes, a_shard, cfg, gather_dim, out, True, specs, workspace, group
     )
+    # Decode shapes: the whole gathered A fits in one tile row; gather it into the workspace
+    # (own shard included) and read B once rather than once per shard.
+    combined = gather_dim == 0 and size > 1 and m <= cfg.block_m
     if out.numel():
-        tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 else 1)
-        pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
+        tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 and not combined else 1)
+        push_m = min(cfg.block_m, triton.next_power_of_2(max(ms, 1)))
+        # A push block of at most 16K elements (registers); 32 x 32 under the interpreter.
+        push_k = min(16384 // push_m if a_shard.is_cuda else 32, triton.next_power_of_2(max(ks, 16)))
+        if combined:
+            pushers = min(cfg.comm_sms, _host.cdiv(ks, push_k))
+        else:
+            push_m, push_k = cfg.block_m, min(128 if a_shard.is_cuda else 32, push_k)
+            pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
         grid = max(1, min(cfg.num_sms, tiles + pushers))
         # Along K a B block past a slice's end holds the next slice's rows: only exact slices.
         use_tma = cfg.tma and (gather_dim == 0 or ks % cfg.block_k == 0)
@@ -209,8 +262,8 @@ def all_gather_matmul(
             ws.buffers["ready"], a_shard, b, bias if bias is not None else a_shard, out, ws.buffers["shards"],
             b_desc,
             ms, n, ks, *b.stride(), *out.stride(), min(pushers, grid),
-            PUSH_K=min(128 if a_shard.is_cuda else 32, triton.next_power_of_2(max(ks, 16))),
+            PUSH_M=push_m, PUSH_K=push_k,
             EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1, TMA_B=tma_b,
-            ALIGNED=_host.aligned(ws.buffers["shards"], ks),
+            ALIGNED=_host.aligned(ws.buffers["shards"], ks), COMBINED=combined,
         )  # fmt: skip
     return _host.finish(a_shard.device, async_op)

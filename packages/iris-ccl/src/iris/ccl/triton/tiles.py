@@ -10,7 +10,7 @@ this rank's heap and translated by ``ctx``.
 import triton
 import triton.language as tl
 
-from .sync import combine, record_timeout
+from .sync import combine, record_timeout, thread_fence
 
 
 @triton.jit
@@ -163,7 +163,10 @@ def all_reduce_atomic(ctx, group, src, acc, offs, mask, slot):
 def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
     """SUM into every member's accumulator ``acc`` by read-add-write under the member's
     ``lock`` (int32 on the heap, 0 when free): zero the local tile, barrier, add, barrier.
-    A lock not obtained within the budget is recorded as a timeout."""
+    Every thread fences (system scope) after the lock is taken and before it is released:
+    one thread's acquire and release order only what a CTA barrier made visible, and the
+    next holder on another GPU must see all of this tile's stores. A lock not obtained
+    within the budget is recorded as a timeout."""
     x = tl.load(src + offs, mask=mask, other=0).to(acc.dtype.element_ty)
     tl.store(acc + offs, tl.zeros_like(x), mask=mask)
     group.sync(ctx, slot)
@@ -174,8 +177,10 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
             spins += 1
         if spins < group.budget:
             tl.debug_barrier()
+            thread_fence()  # no thread reads the accumulator before the lock is held
             old = ctx.load(acc + offs, peer, mask=mask, other=0, volatile=True)
             ctx.store(acc + offs, old + x, peer, mask=mask)
+            thread_fence()  # every thread's stores are performed before the release
             tl.debug_barrier()
             ctx.atomic_xchg(lock, 0, peer, sem="release", scope="sys")
         else:
