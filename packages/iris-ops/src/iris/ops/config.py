@@ -38,8 +38,8 @@ class Config:
             assigned to the rank that reduces them, ``"m"`` or ``"n"``.
         tma: read A and B through Hopper's tensor memory accelerator (host tensor
             descriptors) where their layout allows it (row-major, 16-byte aligned rows),
-            instead of ``cp.async`` loads; None chooses (on for bf16/fp16 GEMMs of more
-            than 128 output rows, where it measured faster on H200).
+            instead of ``cp.async`` loads; None chooses (on for bf16/fp16, where it
+            measured faster on H200 at every shape tried; off for tf32).
     """
 
     block_m: int = 0
@@ -88,11 +88,12 @@ def select(
     """``config`` with every field left to choose filled in, for output tiles covering
     ``rows x cols`` (per owner or per shard where the op splits them) of ``dtype``.
 
-    The table is the best known on Hopper (H200): 128x256x64 tiles, 8 warps, 3 stages, read
-    through TMA, for large 16-bit GEMMs (128x128x64, 4 stages when that leaves fewer than two
-    tiles per SM); narrower tiles when there would be fewer tiles than SMs (decode
-    shapes, M <= 128, are bound by reading B, so what counts there is enough programs);
-    128x128x32 for tf32. Under the interpreter small tiles keep interpreted programs cheap.
+    The table is the best known on Hopper (H200), measured with ``bench_ops.py --tune``:
+    128x256x64 tiles, 8 warps, 3 stages, read through TMA, for large 16-bit GEMMs (128x128x64,
+    4 stages when that leaves fewer than two tiles per SM); for decode shapes (M <= 128, bound
+    by reading B in few long K loops) 64x128x128 tiles, 4 warps, 4 stages, TMA (128x64x128
+    above 64 rows); 128x128x32 with pointer loads for tf32. Under the interpreter small tiles
+    keep interpreted programs cheap.
     """
     check_config(config)
     config = config or Config()
@@ -102,19 +103,20 @@ def select(
         bm, bn, bk, warps, stages, group = (64, 64, 64, 4, 3, 8) if rows <= 64 else (128, 128, 32, 8, 3, 8)
         sms = device_sms
     elif rows <= 128:
-        bm = 64 if rows <= 64 else 128
-        bn, bk, warps, stages, group = 64, 128, 4, 4, 8
+        bm, bn = (64, 128) if rows <= 64 else (128, 64)
+        bk, warps, stages, group = 128, 4, 4, 8
         sms = device_sms
     else:
         bm, bk, warps, group = 128, 64, 8, 8
         # Wide tiles once every SM gets at least two of them; deeper pipelining otherwise.
         bn, stages = (256, 3) if -(-rows // 128) * -(-cols // 256) >= 2 * device_sms else (128, 4)
         sms = device_sms
-    # Hopper's copy engine for the 16-bit prefill GEMM (measured faster on H200: 883 vs
-    # 1049 us at 8192 x 8192 x 4096, 148 vs 183 us at M = 1024); pointer loads elsewhere.
+    # Hopper's copy engine for 16-bit GEMMs (measured faster on H200: 883 vs 1049 us at
+    # 8192 x 8192 x 4096, 148 vs 183 us at M = 1024, 39 vs 48 us at M = 16); pointer loads
+    # for tf32 and under the interpreter.
     tma = config.tma
     if tma is None:
-        tma = not interpreted and dtype != torch.float32 and rows > 128
+        tma = not interpreted and dtype != torch.float32
     return dataclasses.replace(
         config,
         block_m=config.block_m or bm,
