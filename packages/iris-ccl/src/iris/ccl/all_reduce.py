@@ -13,7 +13,8 @@ per tile instead, since a peer may still read the tile it overwrites).
 * ``two_shot_push``: the two-shot exchange with stores only on the link: chunk ``j`` of
   every input is stored into member ``j``'s output (used as scratch), member ``j`` reduces
   it and stores the result into every member's output. Remote stores keep more of the link
-  than remote loads when both directions are busy. Needs an output that does not overlap
+  than remote loads when both directions are busy, but on 2 x H200 the extra barriers and
+  scratch pass cost as much (measured level with ``two_shot``). Needs an output that does not overlap
   the input (in place it runs ``two_shot``); a remainder of fewer than ``16 G`` elements
   goes through ``boxed``.
 * ``ring``: ``2 (G-1)`` steps between neighbours only (reduce-scatter then all-gather).
