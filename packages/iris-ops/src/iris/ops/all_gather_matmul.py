@@ -39,6 +39,16 @@ from .workspace import Workspace
 
 
 @triton.jit
+def _send_block(ctx, group, a, ws, slot, origin, offs, mask, FIRST: tl.constexpr, ALIGNED: tl.constexpr):
+    """Store the block ``a[origin + offs]`` at ``slot + origin`` of the ``ws`` of members
+    ``index + FIRST, ...`` (``FIRST=0``: this rank's own ``ws`` too)."""
+    x = tl.load(a + origin + offs, mask=mask)
+    for i in tl.static_range(FIRST, group.size):
+        peer = group.rank((group.index + i) % group.size)
+        tl.store(remote_tile(ctx, ws, peer, slot + origin, offs, ALIGNED), x, mask=mask)
+
+
+@triton.jit
 def _push_shard(
     ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers,
     BLOCK_M: tl.constexpr, PUSH_K: tl.constexpr, ALIGNED: tl.constexpr,
@@ -52,10 +62,7 @@ def _push_shard(
         kk = rb * 0
         while kk < KS:
             origin, offs, mask = tile_offsets(rb * BLOCK_M, MS, kk, KS, KS, 1, BLOCK_M, PUSH_K)
-            x = tl.load(a + origin + offs, mask=mask)
-            for i in tl.static_range(1, group.size):
-                peer = group.rank((group.index + i) % group.size)
-                tl.store(remote_tile(ctx, ws, peer, slot + origin, offs, ALIGNED), x, mask=mask)
+            _send_block(ctx, group, a, ws, slot, origin, offs, mask, 1, ALIGNED)
             kk += PUSH_K
         for i in tl.static_range(1, group.size):
             peer = group.rank((group.index + i) % group.size)
@@ -76,10 +83,7 @@ def _push_combined(
     kk = tl.program_id(0) * PUSH_K
     while kk < KS:
         origin, offs, mask = tile_offsets(0, MS, kk, KS, KS, 1, PUSH_M, PUSH_K)
-        x = tl.load(a + origin + offs, mask=mask)
-        for i in tl.static_range(group.size):
-            peer = group.rank((group.index + i) % group.size)
-            tl.store(remote_tile(ctx, ws, peer, slot + origin, offs, ALIGNED), x, mask=mask)
+        _send_block(ctx, group, a, ws, slot, origin, offs, mask, 0, ALIGNED)
         kk += pushers * PUSH_K
     for i in tl.static_range(group.size):
         signal_count(ctx, ready + group.index, group.rank((group.index + i) % group.size))
@@ -245,13 +249,13 @@ def all_gather_matmul(
     combined = gather_dim == 0 and size > 1 and m <= cfg.block_m
     if out.numel():
         tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 and not combined else 1)
-        push_m = min(cfg.block_m, triton.next_power_of_2(max(ms, 1)))
-        # A push block of at most 16K elements (registers); 32 x 32 under the interpreter.
-        push_k = min(16384 // push_m if a_shard.is_cuda else 32, triton.next_power_of_2(max(ks, 16)))
-        if combined:
+        k_pow2 = triton.next_power_of_2(max(ks, 16))
+        if combined:  # the shard's few rows, as many columns as 16K elements (registers) allow
+            push_m = triton.next_power_of_2(max(ms, 1))
+            push_k = min(16384 // push_m if a_shard.is_cuda else 32, k_pow2)
             pushers = min(cfg.comm_sms, _host.cdiv(ks, push_k))
-        else:
-            push_m, push_k = cfg.block_m, min(128 if a_shard.is_cuda else 32, push_k)
+        else:  # whole row blocks of BLOCK_M rows
+            push_m, push_k = cfg.block_m, min(128 if a_shard.is_cuda else 32, k_pow2)
             pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
         grid = max(1, min(cfg.num_sms, tiles + pushers))
         # Along K a B block past a slice's end holds the next slice's rows: only exact slices.
