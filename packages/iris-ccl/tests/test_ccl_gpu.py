@@ -6,6 +6,8 @@
   times, each time after filling its inputs in place (same storage) with fresh random data;
   with tensors on an iris heap (used in place) and with plain tensors (staged).
 * Large messages: a 64 MiB bf16 all_reduce in every variant.
+* Back to back: every collective and variant called 8 times in a row on separate buffers,
+  the ranks drifting apart (a GPU sleep on one of them), every output checked.
 
 References: every rank's inputs are gathered to the CPU with gloo (``all_gather_object``)
 and reduced in float64 (int64 for integers), so they do not depend on the device.
@@ -274,5 +276,70 @@ def large_body(rank, world_size):
 def test_all_reduce_64mib_bf16(world_size):
     require_world(world_size)
     results = run_world(large_body, world_size, timeout=WORLD_TIMEOUT)
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+
+
+# --------------------------------------------------------------------------- back to back
+
+#: Calls of one collective issued back to back (no host synchronisation between them).
+BACK_TO_BACK = 8
+
+
+def back_to_back_body(rank, world_size, use_heap: bool, dtype_name: str):
+    """Every case of :func:`_cases`, ``BACK_TO_BACK`` times in a row on separate buffers with
+    distinct data, one rank delayed by a GPU sleep before every other call so the members
+    drift apart; then every output is checked. Catches a barrier that publishes a flag before
+    its data (kernels whose end barrier skips the per-thread fence) and a bank of ``boxed``
+    reused while a peer still reads it."""
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    import iris.ccl as ccl
+    import iris.mem
+
+    dtype = getattr(torch, dtype_name)
+    bad: list[str] = []
+    heap = iris.mem.init(1 << 30) if use_heap else None
+    try:
+
+        def alloc(shape, dt):
+            return heap.zeros(shape, dtype=dt) if heap is not None else torch.zeros(shape, dtype=dt, device=dev)
+
+        sets = [_cases(ccl, rank, world_size, alloc, dtype) for _ in range(BACK_TO_BACK)]
+        kind = "heap" if use_heap else "plain"
+        for c in range(len(sets[0])):
+            what = f"{sets[0][c].name} {dtype_name} {kind} world={world_size}"
+            calls = [s[c] for s in sets]
+            for k, case in enumerate(calls):
+                _fill(case.inputs, rank, 100 + k)
+            torch.cuda.synchronize()
+            gathered = [_gather_inputs(case.inputs) for case in calls]
+            dist.barrier()
+            for k, case in enumerate(calls):
+                if rank == k % world_size:
+                    torch.cuda._sleep(200_000)  # about 0.1 ms: this rank falls behind
+                case.call()
+            torch.cuda.synchronize()
+            try:
+                ccl.check_errors()
+            except Exception as e:  # noqa: BLE001 - reported with the case
+                bad.append(f"{what}: {type(e).__name__}: {e}")
+            for k, case in enumerate(calls):
+                if (m := _check(case, rank, gathered[k], f"{what} call {k}")) is not None:
+                    bad.append(m)
+            dist.barrier()
+    finally:
+        if heap is not None:
+            torch.cuda.synchronize()
+            heap.close()
+    return {"bad": bad}
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("use_heap", [True, False], ids=["heap", "plain"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_back_to_back_calls(world_size, use_heap, dtype_name):
+    require_world(world_size)
+    results = run_world(back_to_back_body, world_size, use_heap, dtype_name, timeout=WORLD_TIMEOUT)
     problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])

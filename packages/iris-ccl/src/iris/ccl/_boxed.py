@@ -14,9 +14,16 @@ Every member's staging buffer "push" holds two banks (launch parity) of ``G`` bo
 A member may run ahead into the next launch while a peer still reads its boxes of this one:
 the next launch uses the other bank. It cannot get two launches ahead, because the next
 launch's barrier needs every peer to have started it, which needs them to have finished
-this one (kernels of a stream run one after another). ``launches[0]`` counts the programs
-of this launch that finished, ``launches[1]`` the finished launches: the last program to
-finish flips the parity, and every program of the next launch reads it at its start.
+this one (kernels of a stream run one after another). The bank is bit 20 of the launch
+counter ``launches[0]``: every launch adds exactly ``2**20`` to it, split among its
+programs (``2**20 // P`` each, program 0 also the remainder) with atomics whose result
+nobody waits for. A program reads the counter at its start; whatever part of this launch's
+additions it sees is below ``2**20``, so every program of a launch reads the same bank, and
+consecutive launches read different banks whatever their grids (the counter wraps after
+4096 launches, an even number, so the alternation survives the wrap).
+
+The barrier needs no per-thread fence: the only remote accesses before it are stores
+(see :func:`iris.ccl.triton.sync.group_sync`).
 
 Against ``push``/``pull`` it saves one barrier per launch (the start barrier: boxes are
 always free) and writes only the caller's local memory, so inputs and outputs may be any
@@ -35,8 +42,10 @@ from . import _host
 from .config import Config
 from .triton import Group, tiles
 
-#: Bytes before the boxes in the staging buffer: the launch counters.
+#: Bytes before the boxes in the staging buffer: the launch counter.
 _HEADER = 256
+#: What every launch adds to the launch counter; its bit 20 selects the bank.
+_LAUNCH_UNIT: tl.constexpr = tl.constexpr(1 << 20)
 #: What each collective sends to member ``j`` and what it does with what arrives.
 MODES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -54,7 +63,7 @@ def _boxed_kernel(
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
     ntiles = tl.cdiv(n, BLOCK)
-    bank = boxes + (tl.load(launches + 1) % 2).to(tl.int64) * GROUP * box_stride
+    bank = boxes + ((tl.load(launches) >> 20) & 1).to(tl.int64) * GROUP * box_stride
     mine = bank + ME * box_stride
     t = pid
     while t < ntiles:
@@ -65,7 +74,7 @@ def _boxed_kernel(
             x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=mask)
             ctx.store(mine + offs, x, group.rank(j), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
     own = src + tl.cast(ME, tl.int64) * src_stride
     t = pid
     while t < ntiles:
@@ -79,11 +88,12 @@ def _boxed_kernel(
                 x = tl.load((own if i == ME else bank + i * box_stride) + offs, mask=mask)
                 tl.store(dst + tl.cast(i, tl.int64) * dst_stride + offs, x, mask=mask)
         t += tl.num_programs(0)
-    # The last program of this launch to finish flips the parity for the next launch.
-    tl.debug_barrier()
-    if tl.atomic_add(launches, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        tl.atomic_xchg(launches, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(launches + 1, 1, sem="release", scope="gpu")
+    # This program's share of the launch's 2**20 (see the module docstring); not waited for.
+    programs = tl.num_programs(0)
+    share = _LAUNCH_UNIT // programs
+    if pid == 0:
+        share += _LAUNCH_UNIT - share * programs
+    tl.atomic_add(launches, share, sem="relaxed", scope="gpu")
 
 
 def run(

@@ -51,7 +51,7 @@ def _push_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
 
 
 @triton.jit
@@ -74,7 +74,7 @@ def _pull_kernel(
             ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
 
 
 _KERNELS = {"push": _push_kernel, "pull": _pull_kernel, "gluon": _gluon_push_kernel}

@@ -67,7 +67,7 @@ def _one_shot_kernel(
         tiles.all_reduce_one_shot(ctx, group, src, dst, offs, offs < n, pid, OP, ACC_FP32, ALIASED, HINT)
         t += tl.num_programs(0)
     if not ALIASED:
-        group.sync(ctx, pid)
+        group.sync(ctx, pid, False)  # only stores and used loads went remote
 
 
 @triton.jit
@@ -77,20 +77,20 @@ def _two_shot_kernel(
     OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
 ):  # fmt: skip
     """Persistent: between one start and one end barrier, program ``p`` reduces and pushes
-    the tiles ``t = p, p + P, ...`` this member owns (``t % GROUP == ME``)."""
+    the tiles this member owns (``t % GROUP == ME``), ``t = ME + GROUP (p + k P)``: every
+    program has owned tiles whatever ``P`` (with ``t = p + k P`` and an even ``P``, half of
+    the programs of each member would own none)."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
     group.sync(ctx, pid, False)
-    t = pid
+    t = ME + pid * GROUP
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.all_reduce_two_shot(
-            ctx, group, src, dst, offs, offs < n, pid, t % GROUP, OP, ACC_FP32, False, HINT
-        )
-        t += tl.num_programs(0)
-    group.sync(ctx, pid)
+        tiles.all_reduce_two_shot(ctx, group, src, dst, offs, offs < n, pid, ME, OP, ACC_FP32, False, HINT)
+        t += tl.num_programs(0) * GROUP
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
 
 
 @triton.jit
@@ -129,7 +129,7 @@ def _two_shot_push_kernel(
             x = tl.load(src + tl.cast(j, tl.int64) * chunk + lanes, mask=mask)
             ctx.store(dst + mine + lanes, x, group.rank(j), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
     t = pid
     while t < ntiles:
         lanes = t * BLOCK + tl.arange(0, BLOCK)
@@ -137,7 +137,7 @@ def _two_shot_push_kernel(
         acc = tiles.reduce_slots(src + mine, dst, chunk, lanes, mask, ME, GROUP, OP, ACC_FP32)
         tl.store(dst + mine + lanes, acc.to(dst.dtype.element_ty), mask=mask)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
     t = pid
     while t < ntiles:
         lanes = t * BLOCK + tl.arange(0, BLOCK)
@@ -146,7 +146,7 @@ def _two_shot_push_kernel(
         for k in tl.static_range(1, GROUP):
             ctx.store(dst + mine + lanes, x, group.rank((ME + k) % GROUP), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
 
 
 def _two_shot_push(comm, cfg: Config, src_all, dst_all, in_place: bool, rop: ReduceOp, group) -> None:
@@ -282,7 +282,9 @@ def all_reduce(
             if ring:  # partial sums: kdst itself, or an fp32 buffer for half types
                 bufs = (ksrc, comm.staging_like("acc", dst, dtype=torch.float32) if wide else kdst, kdst)
             else:
-                grid = _host.persistent_grid(comm, cfg, length)
+                # two_shot: each member works on its own 1/G of the tiles
+                owned = _host.cdiv(length, comm.size) if cfg.variant == "two_shot" else length
+                grid = _host.persistent_grid(comm, cfg, owned)
                 meta["HINT"] = _host.vector_hint(bufs)
                 if cfg.variant == "one_shot":
                     meta["ALIASED"] = _host.overlaps(ksrc, kdst)

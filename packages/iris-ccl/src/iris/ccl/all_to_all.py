@@ -50,7 +50,7 @@ def _push_kernel(
             ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def _pull_kernel(
             ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid)
+    group.sync(ctx, pid, False)  # only stores and used loads went remote
 
 
 _KERNELS = {"push": _push_kernel, "pull": _pull_kernel}

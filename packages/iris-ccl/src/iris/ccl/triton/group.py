@@ -51,7 +51,7 @@ class Group:
     @triton.jit
     def sync(self, ctx, slot, fence: tl.constexpr = True):
         """Barrier of sync slot ``slot`` (usually the program id) across the members;
-        ``fence=False`` for a kernel's first barrier (see :func:`group_sync`)."""
+        ``fence=False`` where :func:`group_sync` says it is safe (no remote load in flight)."""
         group_sync(
             ctx,
             self.members,

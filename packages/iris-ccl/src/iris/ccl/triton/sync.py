@@ -52,10 +52,16 @@ def group_sync(
     :param flags: ``[slots, GROUP]`` int32 on the heap; ``epochs``: ``[slots]`` int32 on the heap.
     :param status: int64 ``[4]`` on the heap: ``[code, rank, peer, flag address]`` of a timeout.
     :param budget: spin iterations per peer before giving up.
-    :param FENCE: fence every thread first (``fence.acq_rel.sys``, about a microsecond), so
-        remote loads and stores this program issued since the last barrier are complete
-        before the peers hear of it. A kernel's first barrier, with nothing remote before
-        it, may pass False.
+    :param FENCE: fence every thread first (``fence.acq_rel.sys``, 2-3 us on H200), so
+        every remote load this program issued since the last barrier is complete before the
+        peers hear of it. Needed only when a remote load's value may still be in flight,
+        i.e. it is used after the barrier (a tile pulled before the barrier and stored after
+        it). Pass False when every remote access since the last barrier is a store, or a
+        load whose value the program already used (stored or reduced into a store) before
+        the barrier: the CTA barrier orders those before the one releasing thread's
+        system-scope release (cumulativity), the pattern torch symm_mem's and vLLM's
+        all-reduce barriers use. A kernel's first barrier, with nothing remote before it,
+        passes False too.
     """
     if FENCE:
         thread_fence()  # every thread's earlier loads and stores are performed ...
