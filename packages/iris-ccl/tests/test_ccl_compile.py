@@ -58,7 +58,8 @@ KERNEL_TYPES = {
 }
 #: Pointers to the collective's data: the profile's dtype.
 DATA_POINTERS = {
-    "src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws", "boxes",
+    "src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws", "boxes", "own",
+    "slots",
 }  # fmt: skip
 #: Pointers to accumulators: fp32 for floating profiles, else the profile's dtype.
 ACC_POINTERS = {"acc", "part"}
@@ -66,6 +67,7 @@ ACC_POINTERS = {"acc", "part"}
 SCALARS = {
     "n", "numel", "count", "length", "offset", "start", "stride", "root", "peer", "nbytes",
     "n_per_rank", "src_per_rank", "dst_per_rank", "box_stride", "src_stride", "dst_stride", "chunk",
+    "slot",
 }  # fmt: skip
 #: Profiles: the dtype of data pointers and the value of every known constexpr. GROUP is
 #: 2 or 3 (ME < GROUP, RANK < WORLD); roots are valid member indices.

@@ -240,7 +240,7 @@ def test_cuda_graph_capture_and_replay(world_size, use_heap):
 
 def large_body(rank, world_size):
     """64 MiB of bf16 per rank, every variant, plain (staged in chunks) and on a heap (in
-    place), against gloo's all_reduce of the fp32 upcast on the CPU."""
+    place, and out of place), against gloo's all_reduce of the fp32 upcast on the CPU."""
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     import iris.ccl as ccl
@@ -252,14 +252,16 @@ def large_body(rank, world_size):
     ref = x.cpu().float()
     dist.all_reduce(ref)
     want = ref.to(torch.bfloat16)
-    with iris.mem.init(3 * (64 << 20)) as heap:
+    with iris.mem.init(4 * (64 << 20)) as heap:
         h = heap.empty(n, dtype=torch.bfloat16)
+        h2 = heap.empty(n, dtype=torch.bfloat16)
         for variant in ccl.VARIANTS["all_reduce"]:
             cfg = ccl.Config(variant=variant)
             out = torch.empty_like(x)
             for what, got, call in (
                 ("plain", out, lambda out=out, cfg=cfg: ccl.all_reduce(out, x, config=cfg)),
                 ("heap in-place", h, lambda cfg=cfg: ccl.all_reduce(h, h.copy_(x), config=cfg)),
+                ("heap", h2, lambda cfg=cfg: ccl.all_reduce(h2, h.copy_(x), config=cfg)),
             ):
                 call()
                 try:  # a wait that ran out of budget is recorded on the device: surface it
@@ -303,7 +305,9 @@ def back_to_back_body(rank, world_size, use_heap: bool, dtype_name: str):
     try:
 
         def alloc(shape, dt):
-            return heap.zeros(shape, dtype=dt) if heap is not None else torch.zeros(shape, dtype=dt, device=dev)
+            if heap is not None:
+                return heap.zeros(shape, dtype=dt)
+            return torch.zeros(shape, dtype=dt, device=dev)
 
         sets = [_cases(ccl, rank, world_size, alloc, dtype) for _ in range(BACK_TO_BACK)]
         kind = "heap" if use_heap else "plain"

@@ -22,9 +22,6 @@ additions it sees is below ``2**20``, so every program of a launch reads the sam
 consecutive launches read different banks whatever their grids (the counter wraps after
 4096 launches, an even number, so the alternation survives the wrap).
 
-The barrier needs no per-thread fence: the only remote accesses before it are stores
-(see :func:`iris.ccl.triton.sync.group_sync`).
-
 Against ``push``/``pull`` it saves one barrier per launch (the start barrier: boxes are
 always free) and writes only the caller's local memory, so inputs and outputs may be any
 tensors; it costs a local pass over the boxes and launches of at most one box each.
@@ -74,7 +71,7 @@ def _boxed_kernel(
             x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=mask)
             ctx.store(mine + offs, x, group.rank(j), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)  # remote stores before: every thread fences first
     own = src + tl.cast(ME, tl.int64) * src_stride
     t = pid
     while t < ntiles:

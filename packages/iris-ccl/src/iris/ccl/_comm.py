@@ -92,6 +92,7 @@ class Communicator:
         self.flags = heap.zeros(MAX_SLOTS * self.size, dtype=torch.int32)
         self.epochs = heap.zeros(MAX_SLOTS, dtype=torch.int32)
         self.status = heap.zeros(_STATUS_WORDS, dtype=torch.int64)
+        self._side_streams: list | None = None
         self._staging: dict[str, torch.Tensor] = {}
         # send/recv state, on iris.ccl's own heaps only (p2p always runs there): one mailbox
         # slot per sender, and int32 counters [4 (seq, ack, sent, received), size, tiles].
@@ -111,6 +112,13 @@ class Communicator:
     @property
     def device(self) -> torch.device:
         return self.heap.device
+
+    def side_streams(self) -> list:
+        """Two CUDA streams of this communicator's device for work that overlaps the
+        caller's stream (copy_engine), made on first use."""
+        if self._side_streams is None:
+            self._side_streams = [torch.cuda.Stream(self.device) for _ in range(2)]
+        return self._side_streams
 
     def staging(self, name: str, nbytes: int, zero: bool = False) -> torch.Tensor:
         """A uint8 heap buffer of at least ``nbytes`` named ``name`` (one of

@@ -13,12 +13,17 @@ Variants (``Config.variant``):
 * ``gluon``: ``push`` in a Gluon kernel whose explicit layout gives each thread 16-byte
   runs, stored into the peers as 16-byte vectors (:mod:`iris.ccl.gluon.all_gather`). Needs
   the ``cuda`` backend.
+* ``copy_engine``: the copy engines (DMA) copy the input into every peer's output between
+  a start and an end barrier (:mod:`iris.ccl._copy_engine`), for large messages. Needs the
+  output on the heap (otherwise it runs ``push``).
 
-Both move ``(G-1)`` tiles per tile per rank. A message larger than one launch covers is
+All move ``(G-1)`` tiles per tile per rank. A message larger than one launch covers is
 split into the same sub-range of every rank's chunk per launch.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -26,7 +31,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _host
+from . import _boxed, _copy_engine, _host
 from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
 from .triton import Group, tiles
@@ -51,7 +56,7 @@ def _push_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)  # remote stores before: every thread fences first
 
 
 @triton.jit
@@ -74,7 +79,7 @@ def _pull_kernel(
             ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid, False)  # only loads went remote, their values already used
 
 
 _KERNELS = {"push": _push_kernel, "pull": _pull_kernel, "gluon": _gluon_push_kernel}
@@ -122,8 +127,13 @@ def all_gather(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant == "boxed":
-        _boxed.run("all_gather", comm, cfg, src_all, dst_all, n)
+    if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
+        cfg = dataclasses.replace(cfg, variant="push")
+    if cfg.variant in ("boxed", "copy_engine"):
+        if cfg.variant == "boxed":
+            _boxed.run("all_gather", comm, cfg, src_all, dst_all, n)
+        else:
+            _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, n, chunked=False)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
     push = cfg.variant != "pull"  # gluon pushes too

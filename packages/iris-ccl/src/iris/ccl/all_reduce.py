@@ -17,6 +17,11 @@ per tile instead, since a peer may still read the tile it overwrites).
   scratch pass cost as much (measured level with ``two_shot``). Needs an output that does not overlap
   the input (in place it runs ``two_shot``); a remainder of fewer than ``16 G`` elements
   goes through ``boxed``.
+* ``copy_engine``: the two-shot exchange with the copy engines (DMA) moving the bytes and
+  a local reduction kernel between them, pipelined in pieces (``Config.chunk_elements``
+  elements of each chunk; default: two pieces); see :mod:`iris.ccl._copy_engine`. For
+  large messages with the output on the heap, not overlapping the input (otherwise it runs
+  ``two_shot``).
 * ``ring``: ``2 (G-1)`` steps between neighbours only (reduce-scatter then all-gather).
 * ``atomic``: every rank adds its input into every member's accumulator with atomics.
 * ``spinlock``: like ``atomic``, but read-add-write under a per-tile lock on the target.
@@ -35,7 +40,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _comm, _host
+from . import _boxed, _comm, _copy_engine, _host
 from .config import Config
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
@@ -67,7 +72,7 @@ def _one_shot_kernel(
         tiles.all_reduce_one_shot(ctx, group, src, dst, offs, offs < n, pid, OP, ACC_FP32, ALIASED, HINT)
         t += tl.num_programs(0)
     if not ALIASED:
-        group.sync(ctx, pid, False)  # only stores and used loads went remote
+        group.sync(ctx, pid, False)  # only loads went remote, their values already used
 
 
 @triton.jit
@@ -90,7 +95,7 @@ def _two_shot_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.all_reduce_two_shot(ctx, group, src, dst, offs, offs < n, pid, ME, OP, ACC_FP32, False, HINT)
         t += tl.num_programs(0) * GROUP
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)  # remote stores before: every thread fences first
 
 
 @triton.jit
@@ -129,7 +134,7 @@ def _two_shot_push_kernel(
             x = tl.load(src + tl.cast(j, tl.int64) * chunk + lanes, mask=mask)
             ctx.store(dst + mine + lanes, x, group.rank(j), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)  # remote stores before: every thread fences first
     t = pid
     while t < ntiles:
         lanes = t * BLOCK + tl.arange(0, BLOCK)
@@ -137,7 +142,7 @@ def _two_shot_push_kernel(
         acc = tiles.reduce_slots(src + mine, dst, chunk, lanes, mask, ME, GROUP, OP, ACC_FP32)
         tl.store(dst + mine + lanes, acc.to(dst.dtype.element_ty), mask=mask)
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)
     t = pid
     while t < ntiles:
         lanes = t * BLOCK + tl.arange(0, BLOCK)
@@ -146,7 +151,7 @@ def _two_shot_push_kernel(
         for k in tl.static_range(1, GROUP):
             ctx.store(dst + mine + lanes, x, group.rank((ME + k) % GROUP), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)  # remote stores before: every thread fences first
 
 
 def _two_shot_push(comm, cfg: Config, src_all, dst_all, in_place: bool, rop: ReduceOp, group) -> None:
@@ -256,9 +261,19 @@ def all_reduce(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant == "two_shot_push" and _host.overlaps(src_all, dst_all):
+    if cfg.variant in ("two_shot_push", "copy_engine") and _host.overlaps(src_all, dst_all):
         # its peers use the output as scratch while the input is still being read
         cfg = dataclasses.replace(cfg, variant="two_shot")
+    if cfg.variant == "copy_engine" and not in_place:
+        # the copies need the output on the heap; staging would add a local pass each way
+        cfg = dataclasses.replace(cfg, variant="two_shot")
+    if cfg.variant == "copy_engine":
+        done = _copy_engine.all_reduce(comm, cfg, src_all, dst_all, rop.value)
+        if done < n:  # fewer than G elements: not worth the copy engines
+            own = _comm.own(group, dst_all.device)
+            _boxed.run("all_reduce", own, cfg, src_all[done:], dst_all[done:], n - done, rop.value)
+        _host.copy_back(out, dst_all)
+        return _host.finish(comm, async_op)
     if cfg.variant in ("boxed", "two_shot_push"):
         if cfg.variant == "boxed":
             _boxed.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)

@@ -10,6 +10,9 @@ Variants (``Config.variant``):
 * ``pull``: after a start barrier (every input is ready) each rank loads chunk ``index`` of
   every member ``j``'s input into its own output at chunk ``j``; an end barrier keeps the
   inputs unchanged until every member has read them. Needs the input on the heap.
+* ``copy_engine``: the copy engines (DMA) copy chunk ``j`` into member ``j``'s output
+  between a start and an end barrier (:mod:`iris.ccl._copy_engine`), for large messages.
+  Needs the output on the heap (otherwise it runs ``push``).
 
 An output overlapping the input (``out`` is ``inp``, say) works on a copy of the input. A
 message larger than one launch covers is split into the same sub-range of every chunk per
@@ -18,13 +21,15 @@ launch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _host
+from . import _boxed, _copy_engine, _host
 from .config import Config
 from .triton import Group, tiles
 from .work import Work
@@ -50,7 +55,7 @@ def _push_kernel(
             ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)  # remote stores before: every thread fences first
 
 
 @triton.jit
@@ -73,7 +78,7 @@ def _pull_kernel(
             ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid, False)  # only loads went remote, their values already used
 
 
 _KERNELS = {"push": _push_kernel, "pull": _pull_kernel}
@@ -124,8 +129,13 @@ def all_to_all(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant == "boxed":
-        _boxed.run("all_to_all", comm, cfg, src_all, dst_all, m)
+    if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
+        cfg = dataclasses.replace(cfg, variant="push")
+    if cfg.variant in ("boxed", "copy_engine"):
+        if cfg.variant == "boxed":
+            _boxed.run("all_to_all", comm, cfg, src_all, dst_all, m)
+        else:
+            _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, m, chunked=True)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
     push = cfg.variant == "push"

@@ -10,10 +10,20 @@ from pathlib import Path
 
 #: Variants each collective accepts ("auto" picks from the table).
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("auto", "boxed", "one_shot", "two_shot", "two_shot_push", "ring", "atomic", "spinlock"),
-    "all_gather": ("auto", "boxed", "push", "pull", "gluon"),
+    "all_reduce": (
+        "auto",
+        "boxed",
+        "one_shot",
+        "two_shot",
+        "two_shot_push",
+        "copy_engine",
+        "ring",
+        "atomic",
+        "spinlock",
+    ),
+    "all_gather": ("auto", "boxed", "push", "pull", "gluon", "copy_engine"),
     "reduce_scatter": ("auto", "boxed", "push", "pull"),
-    "all_to_all": ("auto", "boxed", "push", "pull"),
+    "all_to_all": ("auto", "boxed", "push", "pull", "copy_engine"),
 }
 
 
@@ -30,7 +40,8 @@ class Config:
         block_size: elements per tile, a power of two.
         num_warps: warps per program, a power of two up to 32.
         chunk_elements: elements per kernel launch when a message is split (staging through
-            the workspace splits messages larger than the workspace anyway).
+            the workspace splits messages larger than the workspace anyway); for the
+            ``copy_engine`` all_reduce, elements of each member's chunk per pipelined piece.
         programs: programs (thread blocks) of a persistent collective kernel; each loops
             over its share of the tiles between one start and one end barrier (0: one per
             SM on GPUs, 2 in the interpreter). Collectives with a per-tile barrier ignore it.

@@ -52,7 +52,7 @@ def _pull_kernel(
             ctx, group, src, dst, offs, offs < n, n_per_rank, pid, OP, ACC_FP32, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid, False)  # only loads went remote, their values already used
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def _push_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.reduce_scatter_push_send(ctx, group, src, ws, offs, offs < n, n_per_rank, n, HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only stores and used loads went remote
+    group.sync(ctx, pid)  # remote stores before: every thread fences first
     t = pid
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)

@@ -8,6 +8,7 @@ twin on rank ``r`` by translating its pointer with the table of heap bases (see
 
 from __future__ import annotations
 
+import ctypes
 import numbers
 import weakref
 from collections.abc import Callable
@@ -94,6 +95,7 @@ class SymmetricHeap:
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._heap, bases = self._backend.map_heaps(heap_size, self._comm)
         self._base = self._heap.data_ptr()
+        self._bases = list(bases)
         self._offset = 0
         self._allocations = 0
         header = [self.rank, self.world_size, heap_size, CONTEXT_FLAG_DEBUG if self.debug else 0]
@@ -415,6 +417,47 @@ class SymmetricHeap:
             start = tensor.data_ptr() + lo * tensor.element_size()
             end = tensor.data_ptr() + (hi + 1) * tensor.element_size()
         return self._base <= start and end <= self._base + self.heap_size
+
+    def peer_tensor(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
+        """A tensor of this process aliasing ``tensor``'s twin in ``rank``'s heap (same
+        shape and dtype; ``tensor`` contiguous and on this heap).
+
+        For host-issued transfers and inspection: ``peer.copy_(x)`` or ``x.copy_(peer)``
+        moves the bytes over the link with the copy engines on GPUs (``cudaMemcpyAsync``
+        on the peer mapping), with a plain memory copy on the CPU backend. Nothing orders
+        it against the peer's own accesses: synchronise first (a device barrier, or a
+        collective). ``rank`` may be this rank (``tensor`` itself is returned).
+        """
+        self._check_open()
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"peer_tensor needs a torch.Tensor, got {type(tensor).__name__}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ValueError(f"peer_tensor: rank must be an int in [0, {self.world_size}), got {rank!r}")
+        if not tensor.is_contiguous() or not self.is_symmetric(tensor):
+            raise ValueError(
+                "peer_tensor needs a contiguous tensor on this heap (made by its factories, or "
+                "as_symmetric()); got one that is "
+                + ("not contiguous" if not tensor.is_contiguous() else "not on the heap")
+            )
+        nbytes = tensor.numel() * tensor.element_size()
+        if rank == self.rank or nbytes == 0:
+            return tensor
+        address = self._bases[rank] + (tensor.data_ptr() - self._base)
+        if self.device.type == "cuda":
+
+            class _Mapping:
+                __cuda_array_interface__ = {
+                    "shape": (nbytes,),
+                    "typestr": "|u1",
+                    "data": (address, False),
+                    "version": 3,
+                    "strides": None,
+                }
+
+            raw = torch.as_tensor(_Mapping(), device=self.device)
+        else:
+            raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+        return raw.view(tensor.dtype).view(tensor.shape)
 
     # ------------------------------------------------------------------ synchronisation
     def barrier(self) -> None:

@@ -52,21 +52,20 @@ def group_sync(
     :param flags: ``[slots, GROUP]`` int32 on the heap; ``epochs``: ``[slots]`` int32 on the heap.
     :param status: int64 ``[4]`` on the heap: ``[code, rank, peer, flag address]`` of a timeout.
     :param budget: spin iterations per peer before giving up.
-    :param FENCE: fence every thread first (``fence.acq_rel.sys``, 2-3 us on H200), so
-        every remote load this program issued since the last barrier is complete before the
-        peers hear of it. Needed only when a remote load's value may still be in flight,
-        i.e. it is used after the barrier (a tile pulled before the barrier and stored after
-        it). Pass False when every remote access since the last barrier is a store, or a
-        load whose value the program already used (stored or reduced into a store) before
-        the barrier: the CTA barrier orders those before the one releasing thread's
-        system-scope release (cumulativity), the pattern torch symm_mem's and vLLM's
-        all-reduce barriers use. A kernel's first barrier, with nothing remote before it,
-        passes False too.
+    :param FENCE: fence every thread first (``fence.acq_rel.sys``, 2-3 us on H200): every
+        remote store and load this program issued since the last barrier is performed
+        before the peers hear of it. Needed after remote stores the peers read once they
+        pass the barrier: without it a 64 MiB ``two_shot_push`` on H200 lost data (a peer
+        saw the flag before the stores of other warps had landed), although the CTA
+        barrier and the releasing thread's system-scope release should order them by the
+        PTX memory model. Pass False when the remote accesses since the last barrier are
+        loads whose values the program already used before the barrier (they are
+        complete), or when nothing remote happened (a kernel's first barrier).
     """
     if FENCE:
         thread_fence()  # every thread's earlier loads and stores are performed ...
     tl.debug_barrier()  # ... before the release below
-    epoch = tl.load(epochs + slot) + 1
+    epoch = tl.load(epochs + slot, volatile=True) + 1  # not a stale L1 line: no fence may precede
     tl.store(epochs + slot, epoch)
     row = flags + slot * GROUP
     for i in tl.static_range(GROUP):
