@@ -29,21 +29,8 @@ import iris.mem
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SIZES = [8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB] + [GiB]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-IRIS_VARIANTS = {
-    "all_reduce": (
-        "boxed",
-        "one_shot",
-        "two_shot",
-        "two_shot_push",
-        "copy_engine",
-        "ring",
-        "atomic",
-        "spinlock",
-    ),
-    "all_gather": ("boxed", "push", "pull", "gluon", "copy_engine"),
-    "reduce_scatter": ("boxed", "push", "pull"),
-    "all_to_all": ("boxed", "push", "pull", "copy_engine"),
-}
+#: Every variant of every collective iris.ccl has ("auto" picks one of them).
+IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VARIANTS.items()}
 
 
 def _time_us(fn, nbytes: int, reps: int) -> float:
