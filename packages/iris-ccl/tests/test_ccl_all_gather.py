@@ -27,7 +27,8 @@ from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-VARIANTS = ("boxed", "push", "pull") + (("gluon",) if BACKEND == "cuda" else ())  # Gluon: GPUs only
+# Gluon: GPUs only
+VARIANTS = ("boxed", "push", "pull", "copy_engine") + (("gluon",) if BACKEND == "cuda" else ())
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
 

@@ -17,7 +17,9 @@ from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-ALL_VARIANTS = ("boxed", "one_shot", "two_shot", "two_shot_push", "ring", "atomic", "spinlock", "auto")
+ALL_VARIANTS = (
+    "boxed", "one_shot", "two_shot", "two_shot_push", "copy_engine", "ring", "atomic", "spinlock", "auto",
+)  # fmt: skip
 SUM_AVG_ONLY = ("atomic", "spinlock")
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0

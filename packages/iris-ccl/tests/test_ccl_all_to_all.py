@@ -15,7 +15,7 @@ from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-VARIANTS = ("boxed", "push", "pull")
+VARIANTS = ("boxed", "push", "pull", "copy_engine")
 SMALL_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 WORLD_TIMEOUT = 400.0
 
