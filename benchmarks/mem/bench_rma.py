@@ -160,23 +160,6 @@ def _max_over_ranks(value: float) -> float:
     return t.item()
 
 
-def _peer_view(heap, tensor: torch.Tensor, rank: int) -> torch.Tensor:
-    """``tensor``'s twin on ``rank``, as a tensor of this process (through the IPC mapping)."""
-    base = heap.get_heap_bases()
-    address = base[rank].item() + (tensor.data_ptr() - base[heap.rank].item())
-
-    class _View:
-        __cuda_array_interface__ = {
-            "shape": tuple(tensor.shape),
-            "typestr": "<i4",
-            "data": (address, False),
-            "version": 3,
-            "strides": None,
-        }
-
-    return torch.as_tensor(_View(), device=heap.device)
-
-
 @dataclasses.dataclass
 class Buffers:
     """Heap buffers of the benchmark (int32 words)."""
@@ -225,11 +208,11 @@ def bench_bandwidth(heap, bufs: Buffers, src_rank: int, dst_rank: int, both: boo
                 runs = active
                 target = peer
             if op == "put_tma":
-                launch = _tma_launcher(src, _peer_view(heap, dst, target), words)
+                launch = _tma_launcher(src, heap.peer_tensor(dst, target), words)
             elif op == "get_tma":
-                launch = _tma_launcher(_peer_view(heap, src, target), dst, words)
+                launch = _tma_launcher(heap.peer_tensor(src, target), dst, words)
             elif op == "copy_engine":
-                there = _peer_view(heap, dst[:words], target)
+                there = heap.peer_tensor(dst[:words], target)
 
                 def launch(there=there, words=words):
                     there.copy_(src[:words])

@@ -34,6 +34,8 @@ between the processes' shared-memory heaps), which is what the CPU tier tests.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -49,6 +51,8 @@ from .triton import Group, tiles
 DEFAULT_PIECES = 2
 #: Most pieces (two sync slots each, after slot 0).
 MAX_PIECES = 1024
+#: Elements per program of the local reduction kernel.
+_REDUCE_BLOCK = 4096
 
 
 @triton.jit
@@ -95,7 +99,7 @@ class _Streams:
 
     def on(self, i: int):
         """Context manager: work queued inside runs on side stream ``i``."""
-        return torch.cuda.stream(self.side[i]) if self.cuda else _Nothing()
+        return torch.cuda.stream(self.side[i]) if self.cuda else contextlib.nullcontext()
 
     def record(self, i: int | None = None):
         """An event after what is queued so far on side stream ``i`` (None: the caller's)."""
@@ -111,14 +115,6 @@ class _Streams:
         if self.cuda:
             for s in self.side:
                 self.main.wait_stream(s)
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _barrier(comm, cfg: Config, slot: int) -> None:
@@ -158,8 +154,8 @@ def all_reduce(comm, cfg: Config, src: torch.Tensor, dst: torch.Tensor, op: str)
         own = src[me * chunk + lo :]
         out = dst[me * chunk + lo :]
         slots = dst[lo:] if spread else out
-        meta = {"ME": me, "GROUP": size, "BLOCK": 4096, "OP": op, "ACC_FP32": acc_fp32}
-        grid = (triton.cdiv(hi - lo, 4096),)
+        meta = {"ME": me, "GROUP": size, "BLOCK": _REDUCE_BLOCK, "OP": op, "ACC_FP32": acc_fp32}
+        grid = (triton.cdiv(hi - lo, _REDUCE_BLOCK),)
         _reduce_kernel[grid](own, slots, out, chunk if spread else 0, hi - lo, **meta)
         if spread:
             _barrier(comm, cfg, 1 + pieces + k)

@@ -8,7 +8,6 @@ twin on rank ``r`` by translating its pointer with the table of heap bases (see
 
 from __future__ import annotations
 
-import ctypes
 import numbers
 import weakref
 from collections.abc import Callable
@@ -95,7 +94,6 @@ class SymmetricHeap:
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._heap, bases = self._backend.map_heaps(heap_size, self._comm)
         self._base = self._heap.data_ptr()
-        self._bases = list(bases)
         self._offset = 0
         self._allocations = 0
         header = [self.rank, self.world_size, heap_size, CONTEXT_FLAG_DEBUG if self.debug else 0]
@@ -426,7 +424,8 @@ class SymmetricHeap:
         moves the bytes over the link with the copy engines on GPUs (``cudaMemcpyAsync``
         on the peer mapping), with a plain memory copy on the CPU backend. Nothing orders
         it against the peer's own accesses: synchronise first (a device barrier, or a
-        collective). ``rank`` may be this rank (``tensor`` itself is returned).
+        collective). ``rank`` may be this rank (``tensor`` itself is returned). Valid until
+        the heap is closed.
         """
         self._check_open()
         if not isinstance(tensor, torch.Tensor):
@@ -442,21 +441,8 @@ class SymmetricHeap:
         nbytes = tensor.numel() * tensor.element_size()
         if rank == self.rank or nbytes == 0:
             return tensor
-        address = self._bases[rank] + (tensor.data_ptr() - self._base)
-        if self.device.type == "cuda":
-
-            class _Mapping:
-                __cuda_array_interface__ = {
-                    "shape": (nbytes,),
-                    "typestr": "|u1",
-                    "data": (address, False),
-                    "version": 3,
-                    "strides": None,
-                }
-
-            raw = torch.as_tensor(_Mapping(), device=self.device)
-        else:
-            raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+        offset = tensor.data_ptr() - self._base
+        raw = self._backend.heap_bytes(rank)[offset : offset + nbytes]
         return raw.view(tensor.dtype).view(tensor.shape)
 
     # ------------------------------------------------------------------ synchronisation

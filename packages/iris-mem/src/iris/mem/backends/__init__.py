@@ -40,6 +40,11 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def heap_bytes(self, rank: int) -> torch.Tensor:
+        """``rank``'s whole heap as a ``uint8`` tensor of this process (its own heap, or
+        the mapping of a peer's), on :attr:`device`; valid until :meth:`close`."""
+
+    @abc.abstractmethod
     def synchronize(self) -> None:
         """Wait for all work this process queued on the device."""
 

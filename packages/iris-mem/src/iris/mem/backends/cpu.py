@@ -131,6 +131,9 @@ class CpuBackend(Backend):
                 pass
             self._name = None
 
+    def heap_bytes(self, rank: int) -> torch.Tensor:
+        return self._tensors[rank]
+
     def synchronize(self) -> None:
         # Interpreted kernels finish before their launch returns.
         return None

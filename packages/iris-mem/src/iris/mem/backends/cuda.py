@@ -160,6 +160,8 @@ class CudaBackend(Backend):
         self._device = torch.device("cuda", index)
         self._runtime = _Runtime()
         self._memories: list[_DeviceMemory] = []
+        self._by_rank: dict[int, _DeviceMemory] = {}
+        self._rank_bytes: dict[int, torch.Tensor] = {}
 
     @property
     def device(self) -> torch.device:
@@ -204,6 +206,7 @@ class CudaBackend(Backend):
                         f"rank {comm.rank} could not map rank {rank}'s heap (GPU {bus_ids[rank]}): {e}"
                     ) from e
                 memories.append(_DeviceMemory(rt, peer_ptr, heap_size, index, owned=False))
+                self._by_rank[rank] = memories[-1]
                 bases.append(peer_ptr)
         except BaseException:
             for memory in memories:
@@ -213,16 +216,24 @@ class CudaBackend(Backend):
         heap = torch.as_tensor(local, device=self._device)
         if heap.data_ptr() != ptr:
             raise RuntimeError("torch copied the heap instead of viewing it")
+        self._rank_bytes[comm.rank] = heap
         return heap, bases
+
+    def heap_bytes(self, rank: int) -> torch.Tensor:
+        if rank not in self._rank_bytes:  # a peer's mapping, viewed on first use
+            self._rank_bytes[rank] = torch.as_tensor(self._by_rank[rank], device=self._device)
+        return self._rank_bytes[rank]
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self._device)
 
     def close(self) -> None:
-        # The local heap is freed when the last tensor viewing it is gone; peer mappings,
-        # which no tensor views, are closed now.
+        # The local heap is freed when the last tensor viewing it is gone; peer mappings are
+        # closed now (views from heap_bytes, kept by peer_tensor results, must not outlive it).
         local, peers = (self._memories[0], self._memories[1:]) if self._memories else (None, [])
         for memory in peers:
             memory.release()
         self._memories = []
+        self._by_rank.clear()
+        self._rank_bytes.clear()
         del local
