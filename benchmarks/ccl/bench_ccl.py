@@ -27,7 +27,8 @@ import iris.ccl
 import iris.mem
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-SIZES = [8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB] + [GiB]
+#: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
+SIZES = sorted({8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB} | {MiB, GiB})
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Every variant of every collective iris.ccl has ("auto" picks one of them).
 IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VARIANTS.items()}
@@ -142,7 +143,7 @@ def main() -> int:
     parser.add_argument(
         "--sizes",
         default="",
-        help="comma-separated per-rank sizes instead of 8 KiB * 4**i up to 1 GiB, e.g. 1MiB,256MiB",
+        help="comma-separated per-rank sizes instead of 8 KiB * 4**i up to 1 GiB and 1 MiB, e.g. 1MiB,256MiB",
     )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--variants", default="", help="comma-separated iris variants to time (default: all)")

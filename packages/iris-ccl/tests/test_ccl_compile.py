@@ -55,7 +55,15 @@ FIXED = {
 KERNEL_TYPES = {
     "iris.ccl.p2p._send_kernel": {"src": "*u8"},
     "iris.ccl.p2p._recv_kernel": {"dst": "*u8"},
+    "iris.ccl._ll._ll_kernel": {"boxes": "*i64", "launches": "*i64"},
 }
+#: Kernels compiled for more element types than the profiles' (profile 0 with these
+#: changes): ll packs elements of 1, 2, 4 and 8 bytes into words (fp8 is moved, not reduced).
+EXTRA_PROFILES = {
+    "iris.ccl._ll._ll_kernel": (
+        {"dtype": "fp16"}, {"dtype": "i64"}, {"dtype": "fp8e4nv", "MODE": "all_gather"},
+    ),
+}  # fmt: skip
 #: Pointers to the collective's data: the profile's dtype.
 DATA_POINTERS = {
     "src", "dst", "inp", "out", "buf", "tmp", "scratch", "staging", "send", "recv", "ws", "boxes", "own",
@@ -222,6 +230,21 @@ def _check_vector_stores(ptx: str) -> list[str]:
     return []
 
 
+def _check_ll(ptx: str) -> list[str]:
+    """Problems with the ll kernel's PTX: its flagged words must cross the link as 16-byte
+    stores (two 8-byte words, each data and flag together) and be polled with volatile
+    loads, and nothing may wait on a barrier (no system-scope fence or acquire)."""
+    problems = []
+    stores = [ln.strip() for ln in ptx.splitlines() if re.search(r"\bst\.global\.", ln)]
+    if not any(".v2.b64" in ln for ln in stores):
+        problems.append(f"no 16-byte store of flagged words (st.global.v2.b64): {sorted(set(stores))[:6]}")
+    if not re.search(r"\bld\.volatile\.global\.", ptx):
+        problems.append("no volatile load polling the boxes")
+    if re.search(r"fence\.(acq_rel|sc)\.sys|\.acquire", ptx):
+        problems.append("a system-scope fence or acquire: ll must not wait on a barrier")
+    return problems
+
+
 def child_main() -> dict:
     """Entry point of the child: {"skip": reason} or {"failures", "kernels", "control"}."""
     try:
@@ -245,7 +268,8 @@ def child_main() -> dict:
     compiled: dict[str, int] = {}
     for qualname, fn in kernels:
         unknown_all: set[str] = set()
-        for i, profile in enumerate(PROFILES):
+        extra = [dict(PROFILES[0], **changes) for changes in EXTRA_PROFILES.get(qualname, ())]
+        for i, profile in enumerate(PROFILES + extra):
             sig, constexprs, aligned, unknown = signature_for(fn, profile, KERNEL_TYPES.get(qualname))
             if unknown:
                 unknown_all.update(unknown)
@@ -262,6 +286,8 @@ def child_main() -> dict:
                 failures.append(f"{what}: no cubin")
             if qualname.startswith("iris.ccl.all_reduce.") or fn.is_gluon():
                 failures += [f"{what}: {p}" for p in _check_sys_ordering(k.asm["ptx"])]
+            if qualname == "iris.ccl._ll._ll_kernel":
+                failures += [f"{what}: {p}" for p in _check_ll(k.asm["ptx"])]
             if fn.is_gluon() and profile.get("HINT") == 16 and _thread_bytes(profile) >= 16:
                 failures += [f"{what}: {p}" for p in _check_vector_stores(k.asm["ptx"])]
             compiled[qualname] = compiled.get(qualname, 0) + 1
@@ -326,8 +352,9 @@ def test_every_ccl_kernel_compiles_for_hopper():
     kernels = result["kernels"]
     for name in ("_one_shot_kernel", "_two_shot_kernel", "_ring_kernel", "_atomic_kernel"):
         assert f"iris.ccl.all_reduce.{name}" in kernels, f"{name} was not discovered; found {kernels}"
+    assert "iris.ccl._ll._ll_kernel" in kernels, kernels
     for name in kernels:
-        assert result["compiled"].get(name) == len(PROFILES), (
+        assert result["compiled"].get(name) == len(PROFILES) + len(EXTRA_PROFILES.get(name, ())), (
             f"{name} compiled {result['compiled'].get(name)} times"
         )
 
@@ -354,6 +381,14 @@ def test_vector_store_check_catches_scalar_stores():
     """Negative control of the vector check: scalar stores only fail it."""
     assert len(_check_vector_stores("@%p1 st.global.b32 [ %rd1 + 0 ], { %r1 };")) == 1
     assert _check_vector_stores("@%p1 st.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };") == []
+
+
+def test_ll_check_catches_narrow_stores_and_barriers():
+    """Negative control of the ll check: 8-byte stores, no volatile poll, an acquire."""
+    ptx = "st.global.b64 [%rd1], %rd2;\nld.global.sys.acquire.b32 %r3, [%rd2];"
+    assert len(_check_ll(ptx)) == 3
+    ptx = "st.global.v2.b64 [%rd1], {%rd2, %rd3};\nld.volatile.global.v2.b64 {%rd4, %rd5}, [%rd6];"
+    assert _check_ll(ptx) == []
 
 
 def test_unknown_parameters_are_reported():

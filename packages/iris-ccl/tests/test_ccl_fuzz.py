@@ -36,6 +36,7 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
     VARIANTS = {
         "all_reduce": [
             "auto",
+            "ll",
             "boxed",
             "one_shot",
             "two_shot",
@@ -44,9 +45,9 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
             "atomic",
             "spinlock",
         ],
-        "all_gather": ["auto", "boxed", "push", "pull"],
-        "reduce_scatter": ["auto", "boxed", "push", "pull"],
-        "all_to_all": ["auto", "boxed", "push", "pull"],
+        "all_gather": ["auto", "ll", "boxed", "push", "pull"],
+        "reduce_scatter": ["auto", "ll", "boxed", "push", "pull"],
+        "all_to_all": ["auto", "ll", "boxed", "push", "pull"],
     }
     G = world_size
     state = {"examples": 0, "launched": 0, "checked": 0, "raised": 0}

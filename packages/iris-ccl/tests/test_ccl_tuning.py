@@ -33,9 +33,10 @@ def test_packaged_table_picks_a_variant_of_each_collective():
             for nbytes in (1, 8 << 10, 1 << 20, 64 << 20, 1 << 30, 1 << 40):
                 variant = config.auto_variant(collective, nbytes, world)
                 assert variant in config.VARIANTS[collective] and variant not in ("auto", "gluon")
-    # the measured table: small messages take the one-barrier variant
-    assert config.auto_variant("all_reduce", 8 << 10, 2) == "boxed"
-    assert config.select("all_reduce", 8 << 10, 2, True, None).variant == "boxed"
+    # the measured table: small messages take the barrier-free variant, large ones the copy engines
+    assert config.auto_variant("all_reduce", 8 << 10, 2) == "ll"
+    assert config.select("all_reduce", 8 << 10, 2, True, None).variant == "ll"
+    assert config.auto_variant("all_reduce", 1 << 30, 2) == "copy_engine"
 
 
 def _in_child(code: str, table: str) -> subprocess.CompletedProcess:
@@ -153,6 +154,5 @@ def test_collectives_log_through_the_rank_aware_logger():
         assert any(f"[{rank}/2] DEBUG iris.ccl._comm: communicator for group [0, 1]" in ln for ln in lines), (
             text
         )
-        assert any(
-            f"[{rank}/2] DEBUG iris.ccl._host: all_reduce: 400 bytes" in ln and "boxed" in ln for ln in lines
-        )
+        call = f"[{rank}/2] DEBUG iris.ccl._host: all_reduce: 400 bytes"
+        assert any(call in ln and "variant='ll'" in ln for ln in lines)

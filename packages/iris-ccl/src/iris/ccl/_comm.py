@@ -23,7 +23,7 @@ from .config import MAX_PROGRAMS
 _log = get_logger(__name__)
 
 #: The staging buffers a communicator may make (iris.ccl's own heaps are sized for all).
-STAGING_NAMES = ("in", "out", "acc", "locks", "push")
+STAGING_NAMES = ("in", "out", "acc", "locks", "push", "ll")
 #: Sync slots: programs per kernel launch (per-tile kernels split larger messages).
 MAX_SLOTS = MAX_PROGRAMS
 _STATUS_WORDS = 4

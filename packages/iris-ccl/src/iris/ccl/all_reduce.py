@@ -40,7 +40,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _comm, _copy_engine, _host
+from . import _boxed, _comm, _copy_engine, _host, _ll
 from .config import Config
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
@@ -274,9 +274,10 @@ def all_reduce(
             _boxed.run("all_reduce", own, cfg, src_all[done:], dst_all[done:], n - done, rop.value)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant in ("boxed", "two_shot_push"):
-        if cfg.variant == "boxed":
-            _boxed.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
+    if cfg.variant in ("boxed", "ll", "two_shot_push"):
+        if cfg.variant in ("boxed", "ll"):
+            runner = _boxed if cfg.variant == "boxed" else _ll
+            runner.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
         else:
             _two_shot_push(comm, cfg, src_all, dst_all, in_place, rop, group)
         _host.copy_back(out, dst_all)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _copy_engine, _host
+from . import _boxed, _copy_engine, _host, _ll
 from .config import Config
 from .triton import Group, tiles
 from .work import Work
@@ -131,9 +131,9 @@ def all_to_all(
         return _host.finish(comm, async_op)
     if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
         cfg = dataclasses.replace(cfg, variant="push")
-    if cfg.variant in ("boxed", "copy_engine"):
-        if cfg.variant == "boxed":
-            _boxed.run("all_to_all", comm, cfg, src_all, dst_all, m)
+    if cfg.variant in ("boxed", "ll", "copy_engine"):
+        if cfg.variant in ("boxed", "ll"):
+            (_boxed if cfg.variant == "boxed" else _ll).run("all_to_all", comm, cfg, src_all, dst_all, m)
         else:
             _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, m, chunked=True)
         _host.copy_back(out, dst_all)

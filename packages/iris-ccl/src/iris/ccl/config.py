@@ -12,6 +12,7 @@ from pathlib import Path
 VARIANTS: dict[str, tuple[str, ...]] = {
     "all_reduce": (
         "auto",
+        "ll",
         "boxed",
         "one_shot",
         "two_shot",
@@ -21,9 +22,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "atomic",
         "spinlock",
     ),
-    "all_gather": ("auto", "boxed", "push", "pull", "gluon", "copy_engine"),
-    "reduce_scatter": ("auto", "boxed", "push", "pull"),
-    "all_to_all": ("auto", "boxed", "push", "pull", "copy_engine"),
+    "all_gather": ("auto", "ll", "boxed", "push", "pull", "gluon", "copy_engine"),
+    "reduce_scatter": ("auto", "ll", "boxed", "push", "pull"),
+    "all_to_all": ("auto", "ll", "boxed", "push", "pull", "copy_engine"),
 }
 
 
@@ -37,7 +38,7 @@ class Config:
 
     Attributes:
         variant: algorithm; see :data:`VARIANTS` (collectives with one algorithm take "auto").
-        block_size: elements per tile, a power of two.
+        block_size: elements per tile, a power of two (``ll``: 32-bit words per tile).
         num_warps: warps per program, a power of two up to 32.
         chunk_elements: elements per kernel launch when a message is split (staging through
             the workspace splits messages larger than the workspace anyway); for the
@@ -100,7 +101,11 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
         )
     if variant == "auto" and collective in VARIANTS:
         variant = auto_variant(collective, nbytes, world_size)
-    block = config.block_size or (1024 if interpreted else (1024 if nbytes <= (64 << 10) else 4096))
+    if variant == "ll" and not interpreted:
+        # tiles of 32-bit words; measured on 2 x H200 (benchmarks/ccl/NOTES.md)
+        block = config.block_size or (256 if nbytes <= (256 << 10) else 1024 if nbytes <= (2 << 20) else 2048)
+    else:
+        block = config.block_size or (1024 if interpreted else (1024 if nbytes <= (64 << 10) else 4096))
     warps = config.num_warps or (4 if block <= 1024 else 8)
     chunk = config.chunk_elements or 0
     return dataclasses.replace(

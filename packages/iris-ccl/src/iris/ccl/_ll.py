@@ -1,0 +1,222 @@
+"""The ``ll`` variant ("low latency") of all_reduce, all_gather, reduce_scatter and
+all_to_all: no barrier at all, for small messages.
+
+Like ``boxed``, every member's staging buffer ``"ll"`` holds two banks (launch parity) of
+``G`` boxes, box ``i`` receiving member ``i``'s data, and program ``p`` of a launch first
+sends its tiles ``p, p + P, ...`` of what member ``j`` needs into box ``ME`` of member
+``j``, then combines the same tiles locally. What replaces the barrier: every 8-byte word
+that crosses the link is 4 bytes of data and a 4-byte flag, the launch's number, stored
+together by one 8-byte store. A receiver polls its own box (volatile loads) until every
+word of the tile carries this launch's flag; the data beside a flag is then that launch's
+data, so nothing has to be ordered by a fence or acknowledged. The link carries twice the
+bytes, which is why it serves small messages, where the barrier's round trips and the
+fence (together 3.5-7 us on H200) are most of the time.
+
+Launch numbers: a launch counter (int64, the buffer's first word) that every launch adds
+exactly ``2**20`` to, split among its programs, as in ``boxed``; ``launch = counter >> 20``
+is the same for every program of a launch, its bit 0 picks the bank and
+``launch % (2**31 - 1) + 1`` is the flag (never 0, the value of a fresh buffer). A box word
+keeps the flag of the last launch that wrote it, two or more launches back in the same
+bank; a stale word could pass for a fresh one only if nothing had rewritten it for
+``2**31 - 1`` launches of its bank. As with ``boxed``, a member is never more than one
+launch ahead of a peer that still reads its boxes: the next launch's words in my boxes
+need every peer to have finished this one first.
+
+Element types of 1, 2, 4 or 8 bytes are packed into 32-bit words (a tile of ``BLOCK``
+words holds ``BLOCK * 4 / itemsize`` elements; the last tile of a member's data is padded),
+so inputs and outputs may be any tensors with any alignment, as for ``boxed``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.mem.triton import Context
+
+from . import _host
+from .config import Config
+from .triton import Group
+from .triton.sync import combine, record_timeout
+
+#: Bytes before the boxes in the staging buffer: the launch counter.
+_HEADER = 256
+#: What every launch adds to the launch counter (see the module docstring).
+_LAUNCH_UNIT: tl.constexpr = tl.constexpr(1 << 20)
+#: Flags run through 1 .. 2**31 - 1.
+_FLAG_PERIOD: tl.constexpr = tl.constexpr((1 << 31) - 1)
+
+
+@triton.jit
+def _pair(x, WIDE: tl.constexpr):
+    """``x[2i]`` and ``x[2i + 1]`` (integers) as the low and high half of one ``WIDE`` integer."""
+    BITS: tl.constexpr = x.dtype.primitive_bitwidth
+    a, b = tl.split(tl.reshape(x, [x.shape[0] // 2, 2]))
+    return (a.to(WIDE) & ((1 << BITS) - 1)) | (b.to(WIDE) << BITS)
+
+
+@triton.jit
+def _unpair(w, NARROW: tl.constexpr):
+    """Inverse of :func:`_pair`: each integer of ``w`` as its low then its high half."""
+    BITS: tl.constexpr = NARROW.primitive_bitwidth
+    lo = w.to(NARROW)
+    hi = (w >> BITS).to(NARROW)
+    return tl.reshape(tl.join(lo, hi), [w.shape[0] * 2])
+
+
+@triton.jit
+def _to_words(x):
+    """The bytes of ``x`` (1, 2, 4 or 8-byte elements) as 32-bit words, in memory order."""
+    BITS: tl.constexpr = x.dtype.primitive_bitwidth
+    if BITS == 32:
+        words = x.to(tl.int32, bitcast=True)
+    elif BITS == 64:
+        words = _unpair(x.to(tl.int64, bitcast=True), tl.int32)
+    elif BITS == 16:
+        words = _pair(x.to(tl.int16, bitcast=True), tl.int32)
+    else:
+        words = _pair(_pair(x.to(tl.int8, bitcast=True), tl.int16), tl.int32)
+    return words
+
+
+@triton.jit
+def _from_words(words, ELEM: tl.constexpr):
+    """Inverse of :func:`_to_words`: 32-bit words as elements of type ``ELEM``."""
+    BITS: tl.constexpr = ELEM.primitive_bitwidth
+    if BITS == 32:
+        x = words.to(ELEM, bitcast=True)
+    elif BITS == 64:
+        x = _pair(words, tl.int64).to(ELEM, bitcast=True)
+    elif BITS == 16:
+        x = _unpair(words, tl.int16).to(ELEM, bitcast=True)
+    else:
+        x = _unpair(_unpair(words, tl.int16), tl.int8).to(ELEM, bitcast=True)
+    return x
+
+
+@triton.jit
+def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr):
+    """The ``BLOCK`` data words at ``box`` (this rank's memory) once every one of them
+    carries ``flag``: volatile loads of the whole tile (all in flight at once) until it
+    has, at most ``budget`` times (then the timeout is recorded for the host and the words
+    are used as they are). Measured on 2 x H200, per-thread spinning on each word (inline
+    PTX, no barrier per poll) was slower from 512 KiB up (1 MiB all_reduce 16.2 against
+    11.3 us): a thread's words are then waited for one after another."""
+    words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
+    spins = group.budget * 0
+    while (tl.sum(((words >> 32) != flag).to(tl.int32)) > 0) & (spins < group.budget):
+        words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
+        spins += 1
+    if spins >= group.budget:
+        record_timeout(group.status, ctx.rank, group.rank(peer), box)
+    return words.to(tl.int32)
+
+
+@triton.jit
+def _ll_kernel(
+    context, members, flags, epochs, status, budget, src, dst, boxes, launches, n, src_stride, dst_stride,
+    box_stride,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr,
+):  # fmt: skip
+    """Member ``j`` is sent ``src[j * src_stride + e]``, ``e < n`` (``src_stride`` 0: the
+    same data to everyone); member ``i``'s data ends in ``dst[i * dst_stride + e]``
+    (reductions: ``dst[e]``). A tile is ``BLOCK`` words: ``E`` elements."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    E: tl.constexpr = BLOCK * 32 // src.dtype.element_ty.primitive_bitwidth
+    ntiles = tl.cdiv(n, E)
+    launch = tl.load(launches) >> 20
+    flag = launch % _FLAG_PERIOD + 1
+    bank = boxes + (launch & 1) * GROUP * box_stride
+    t = pid
+    while t < ntiles:
+        offs = t * E + tl.arange(0, E)
+        mask = offs < n
+        words = t * BLOCK + tl.arange(0, BLOCK)
+        for k in tl.static_range(1, GROUP):
+            j = (ME + k) % GROUP
+            x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=mask)
+            line = (flag << 32) | (_to_words(x).to(tl.int64) & 0xFFFFFFFF)
+            ctx.store(bank + ME * box_stride + words, line, group.rank(j), hint=16)
+        t += tl.num_programs(0)
+    own = src + tl.cast(ME, tl.int64) * src_stride
+    t = pid
+    while t < ntiles:
+        offs = t * E + tl.arange(0, E)
+        mask = offs < n
+        first = t * BLOCK
+        if MODE == "all_reduce" or MODE == "reduce_scatter":
+            if ME == 0:
+                acc = tl.load(own + offs, mask=mask, other=0)
+            else:
+                acc = _from_words(_receive(bank + first, flag, ctx, group, 0, BLOCK), src.dtype.element_ty)
+            if ACC_FP32:
+                acc = acc.to(tl.float32)
+            for i in tl.static_range(1, GROUP):
+                if i == ME:
+                    x = tl.load(own + offs, mask=mask, other=0)
+                else:
+                    box = bank + i * box_stride + first
+                    x = _from_words(_receive(box, flag, ctx, group, i, BLOCK), src.dtype.element_ty)
+                if ACC_FP32:
+                    x = x.to(tl.float32)
+                acc = combine(acc, x, OP)
+            if OP == "avg":
+                acc = acc / GROUP
+            tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+        else:
+            for i in tl.static_range(GROUP):
+                if i == ME:
+                    x = tl.load(own + offs, mask=mask)
+                else:
+                    box = bank + i * box_stride + first
+                    x = _from_words(_receive(box, flag, ctx, group, i, BLOCK), src.dtype.element_ty)
+                tl.store(dst + tl.cast(i, tl.int64) * dst_stride + offs, x, mask=mask)
+        t += tl.num_programs(0)
+    # This program's share of the launch's 2**20 (see the module docstring); not waited for.
+    programs = tl.num_programs(0)
+    share = _LAUNCH_UNIT // programs
+    if pid == 0:
+        share += _LAUNCH_UNIT - share * programs
+    tl.atomic_add(launches, share.to(tl.int64), sem="relaxed", scope="gpu")
+
+
+def run(
+    mode: str,
+    comm,
+    cfg: Config,
+    src_all: torch.Tensor,
+    dst_all: torch.Tensor,
+    per_member: int,
+    op: str = "sum",
+) -> None:
+    """Run ``mode`` over ``per_member`` elements per member: ``src_all`` and ``dst_all`` are
+    flat, contiguous and may be any tensors (``dst_all`` may be ``src_all`` for an
+    all-reduce). Reductions: ``op`` is the ReduceOp value. ``cfg.block_size`` is the tile
+    in 32-bit words."""
+    itemsize = src_all.element_size()
+    block = cfg.block_size
+    per_tile = block * 4 // itemsize
+    buf = comm.staging("ll", 0, zero=True)
+    launches = buf[:8].view(torch.int64)
+    # Two banks of G boxes of whole tiles (8 bytes per word on the link).
+    box_stride = (buf.numel() - _HEADER) // (2 * comm.size * 8) // block * block
+    if box_stride == 0:
+        raise RuntimeError(f"iris.ccl: the staging buffers are too small for ll tiles of {block} words")
+    boxes = buf[_HEADER : _HEADER + 2 * comm.size * box_stride * 8].view(torch.int64)
+    src_stride = per_member if mode in ("reduce_scatter", "all_to_all") else 0
+    dst_stride = per_member if mode in ("all_gather", "all_to_all") else 0
+    meta = {"MODE": mode, "OP": op, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
+    per_launch = box_stride // block * per_tile
+    if cfg.chunk_elements:
+        per_launch = min(per_launch, max(cfg.chunk_elements // per_tile, 1) * per_tile)
+    for start, length in _host.chunks(per_member, per_launch):
+        src, dst = src_all[start:], dst_all[start:]
+        grid = _host.persistent_grid(comm, cfg, _host.cdiv(length, per_tile) * block)
+        _host.launch(
+            _ll_kernel, grid, comm, cfg, src, dst, boxes, launches, length, src_stride, dst_stride,
+            box_stride, **meta,
+        )  # fmt: skip
