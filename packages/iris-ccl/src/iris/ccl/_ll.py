@@ -29,6 +29,8 @@ so inputs and outputs may be any tensors with any alignment, as for ``boxed``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -198,14 +200,23 @@ def run(
     all-reduce). Reductions: ``op`` is the ReduceOp value. ``cfg.block_size`` is the tile
     in 32-bit words."""
     itemsize = src_all.element_size()
-    block = cfg.block_size
-    per_tile = block * 4 // itemsize
     buf = comm.staging("ll", 0, zero=True)
     launches = buf[:8].view(torch.int64)
-    # Two banks of G boxes of whole tiles (8 bytes per word on the link).
-    box_stride = (buf.numel() - _HEADER) // (2 * comm.size * 8) // block * block
-    if box_stride == 0:
-        raise RuntimeError(f"iris.ccl: the staging buffers are too small for ll tiles of {block} words")
+    # Two banks of G boxes of whole tiles (8 bytes per word on the link); smaller tiles
+    # when a box (IRIS_CCL_STAGING_BYTES) holds less than one.
+    capacity = (buf.numel() - _HEADER) // (2 * comm.size * 8)
+    block = cfg.block_size
+    while block > capacity and block > 16:
+        block //= 2
+    if block > capacity:
+        raise RuntimeError(
+            f"iris.ccl: variant 'll' needs staging buffers of at least {_HEADER + 2 * comm.size * 8 * 16} "
+            f"bytes for {comm.size} ranks; IRIS_CCL_STAGING_BYTES gives {buf.numel()}"
+        )
+    if block != cfg.block_size:
+        cfg = dataclasses.replace(cfg, block_size=block)
+    per_tile = block * 4 // itemsize
+    box_stride = capacity // block * block
     boxes = buf[_HEADER : _HEADER + 2 * comm.size * box_stride * 8].view(torch.int64)
     src_stride = per_member if mode in ("reduce_scatter", "all_to_all") else 0
     dst_stride = per_member if mode in ("all_gather", "all_to_all") else 0
