@@ -69,6 +69,21 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, what: str) -> str | None:
     )
 
 
+def reduced(x: torch.Tensor, op: str, group=None) -> torch.Tensor:
+    """``torch.distributed.all_reduce`` of ``x`` over ``group`` (None: the world) with
+    ``op`` ("SUM", "AVG", "MAX", "MIN"), on a CPU copy (gloo on the CPU tier): floats reduced
+    in fp32, AVG as SUM over the group size; returned in ``x``'s dtype and device."""
+    import torch.distributed as dist
+
+    t = x.detach().to("cpu", torch.float32 if x.dtype.is_floating_point else x.dtype, copy=True)
+    if op == "AVG":
+        dist.all_reduce(t, group=group)
+        t = t / dist.get_world_size(group)
+    else:
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+    return t.to(x.dtype).to(x.device)
+
+
 def setup_rank() -> None:
     """Make this rank's GPU the current device (a no-op on the CPU backend)."""
     if device().type == "cuda":

@@ -13,7 +13,7 @@ bodies run on GPUs (copy engines, side streams) with ``IRIS_BACKEND=cuda``.
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import dtype_name, make_input, mismatch, require_world, setup_rank
+from ccl_testutils import dtype_name, make_input, mismatch, reduced, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
@@ -22,16 +22,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 WORLD_TIMEOUT = 400.0
 #: Element counts: not multiples of the group size or of the reduction's block.
 COUNTS = (1, 5, 4099, 20_011)
-
-
-def _reference(x: torch.Tensor, op: str) -> torch.Tensor:
-    t = x.detach().to("cpu", torch.float32 if x.dtype.is_floating_point else x.dtype, copy=True)
-    if op == "AVG":
-        dist.all_reduce(t)
-        t = t / dist.get_world_size()
-    else:
-        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
-    return t.to(x.dtype).to(x.device)
 
 
 def _gathered(x: torch.Tensor) -> list[torch.Tensor]:
@@ -67,7 +57,7 @@ def copy_engine_body(rank, world_size):
                         what = f"all_reduce {op} {dtype_name(dtype)} n={n} piece={piece}"
                         for repeat in range(2):  # the same buffers again: nothing left over
                             ccl.all_reduce(out, inp, op=getattr(ccl.ReduceOp, op), config=cfg)
-                            if (m := mismatch(out, _reference(x, op), f"{what} call {repeat}")) is not None:
+                            if (m := mismatch(out, reduced(x, op), f"{what} call {repeat}")) is not None:
                                 bad.append(m)
                             cases += 1
                         if not torch.equal(inp, x):
@@ -99,11 +89,11 @@ def copy_engine_body(rank, world_size):
         h = hin[:4099]
         h.copy_(x)
         ccl.all_reduce(h, h, config=ccl.Config(variant="copy_engine"))
-        if (m := mismatch(h, _reference(x, "SUM"), "all_reduce in place (fallback)")) is not None:
+        if (m := mismatch(h, reduced(x, "SUM"), "all_reduce in place (fallback)")) is not None:
             bad.append(m)
         plain = torch.empty_like(x)
         ccl.all_reduce(plain, x, config=ccl.Config(variant="copy_engine"))
-        if (m := mismatch(plain, _reference(x, "SUM"), "all_reduce plain (fallback)")) is not None:
+        if (m := mismatch(plain, reduced(x, "SUM"), "all_reduce plain (fallback)")) is not None:
             bad.append(m)
         g = torch.empty(world_size * 4099, device=x.device)
         ccl.all_gather(g, x, config=ccl.Config(variant="copy_engine"))

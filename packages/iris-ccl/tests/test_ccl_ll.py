@@ -14,7 +14,16 @@ with ``IRIS_BACKEND=cuda``.
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import BACKEND, device, dtype_name, make_input, mismatch, require_world, setup_rank
+from ccl_testutils import (
+    BACKEND,
+    device,
+    dtype_name,
+    make_input,
+    mismatch,
+    reduced,
+    require_world,
+    setup_rank,
+)
 
 from iris.mem.testing import run_world
 
@@ -27,16 +36,6 @@ SHAPES = ((16, 0, (1, 3, 45)), (64, 300, (1000,)), (256, 0, (4099,)))
 #: Worlds of 3 and 4 (slower in the interpreter): the packing widths once each.
 SHAPES_LARGER_WORLDS = ((16, 0, (3, 45)), (64, 300, (1000,)))
 FP8 = getattr(torch, "float8_e4m3fn", None)
-
-
-def _reduced(x: torch.Tensor, op: str, group=None) -> torch.Tensor:
-    t = x.detach().to("cpu", torch.float32 if x.dtype.is_floating_point else x.dtype, copy=True)
-    if op == "AVG":
-        dist.all_reduce(t, group=group)
-        t = t / dist.get_world_size(group)
-    else:
-        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
-    return t.to(x.dtype).to(x.device)
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +72,7 @@ def ll_body(rank, world_size):
                         salt += 1
                         x = make_input((n,), dtype, rank, salt)
                         what = f"block={block} chunk={chunk} {dtype_name(dtype)} n={n} {op}"
-                        want = _reduced(x, op)
+                        want = reduced(x, op)
                         out = torch.full_like(x, 77)
                         ccl.all_reduce(out, x, op=getattr(ccl.ReduceOp, op), config=cfg)
                         if (m := mismatch(out, want, f"all_reduce {what}")) is not None:
@@ -86,7 +85,7 @@ def ll_body(rank, world_size):
                         y = make_input((size * n,), dtype, rank, salt + 1000)
                         rs = torch.full((n,), 77, dtype=dtype, device=x.device)
                         ccl.reduce_scatter(rs, y, op=getattr(ccl.ReduceOp, op), config=cfg)
-                        want_rs = _reduced(y, op)[rank * n : (rank + 1) * n]
+                        want_rs = reduced(y, op)[rank * n : (rank + 1) * n]
                         if (m := mismatch(rs, want_rs, f"reduce_scatter {what}")) is not None:
                             bad.append(m)
                         cases += 3
@@ -129,13 +128,13 @@ def ll_body(rank, world_size):
             x = make_input((n,), torch.float32, rank, salt)
             hx[:n] = x
             ccl.all_reduce(hx[:n], hx[:n], config=cfg)
-            if (m := mismatch(hx[:n], _reduced(x, "SUM"), f"sequence call {i} n={n}")) is not None:
+            if (m := mismatch(hx[:n], reduced(x, "SUM"), f"sequence call {i} n={n}")) is not None:
                 bad.append(m)
             cases += 1
         x = make_input((37, 8), torch.bfloat16, rank, salt + 1).t()  # non-contiguous
         out = torch.zeros_like(x)
         ccl.all_reduce(out, x, config=ccl.Config(variant="ll"))
-        if (m := mismatch(out, _reduced(x, "SUM"), "non-contiguous bf16")) is not None:
+        if (m := mismatch(out, reduced(x, "SUM"), "non-contiguous bf16")) is not None:
             bad.append(m)
         # a subgroup (worlds of 3 and 4): its own communicator and launch counter
         if size >= 3:
@@ -145,7 +144,7 @@ def ll_body(rank, world_size):
                 out = torch.zeros_like(x)
                 for _ in range(3):
                     ccl.all_reduce(out, x, group=sub, config=ccl.Config(variant="ll", block_size=64))
-                if (m := mismatch(out, _reduced(x, "SUM", sub), "subgroup")) is not None:
+                if (m := mismatch(out, reduced(x, "SUM", sub), "subgroup")) is not None:
                     bad.append(m)
             dist.barrier()
         if x.is_cuda:

@@ -40,7 +40,7 @@ from iris.mem.triton import Context
 from . import _host
 from .config import Config
 from .triton import Group
-from .triton.sync import combine, record_timeout
+from .triton.sync import advance_launch_counter, combine, record_timeout
 
 #: Bytes before the boxes in the staging buffer: the launch counter.
 _HEADER = 256
@@ -178,12 +178,7 @@ def _ll_kernel(
                     x = _from_words(_receive(box, flag, ctx, group, i, BLOCK), src.dtype.element_ty)
                 tl.store(dst + tl.cast(i, tl.int64) * dst_stride + offs, x, mask=mask)
         t += tl.num_programs(0)
-    # This program's share of the launch's 2**20 (see the module docstring); not waited for.
-    programs = tl.num_programs(0)
-    share = _LAUNCH_UNIT // programs
-    if pid == 0:
-        share += _LAUNCH_UNIT - share * programs
-    tl.atomic_add(launches, share.to(tl.int64), sem="relaxed", scope="gpu")
+    advance_launch_counter(launches, _LAUNCH_UNIT)  # this launch's 2**20 (module docstring)
 
 
 def run(

@@ -102,3 +102,17 @@ def combine(acc, x, OP: tl.constexpr):
         return tl.minimum(acc, x)
     else:
         return acc + x
+
+
+@triton.jit
+def advance_launch_counter(launches, UNIT: tl.constexpr):
+    """Add this program's share of ``UNIT`` to the launch counter ``*launches``: every launch
+    adds exactly ``UNIT`` whatever its grid (``UNIT // P`` per program, program 0 also the
+    remainder), with an atomic whose result nobody waits for. A program that read the
+    counter at its start sees less than ``UNIT`` of its own launch's additions, so
+    ``counter // UNIT`` numbers the launches the same way in every program."""
+    programs = tl.num_programs(0)
+    share = UNIT // programs
+    if tl.program_id(0) == 0:
+        share += UNIT - share * programs
+    tl.atomic_add(launches, share.to(launches.dtype.element_ty), sem="relaxed", scope="gpu")
