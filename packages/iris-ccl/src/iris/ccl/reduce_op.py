@@ -42,6 +42,13 @@ def check_dtype(dtype: torch.dtype, what: str) -> None:
 
 
 def check_op(op: ReduceOp, dtype: torch.dtype) -> None:
-    """AVG is defined for floating types only (as in torch.distributed)."""
+    """AVG is defined for floating types only, and float8 types are moved but not reduced
+    (as in torch.distributed with NCCL)."""
+    if dtype in _FP8:
+        raise TypeError(
+            f"iris.ccl reduces float32, float16, bfloat16, int32 and int64, not {dtype}; float8 tensors "
+            "can be moved (all_gather, all_to_all, broadcast, scatter, gather, send/recv): upcast to "
+            "bfloat16 or float16 to reduce them"
+        )
     if op is ReduceOp.AVG and not dtype.is_floating_point:
         raise ValueError(f"ReduceOp.AVG needs a floating-point dtype, got {dtype}; use SUM and divide")
