@@ -58,10 +58,14 @@ KERNEL_TYPES = {
     "iris.ccl._ll._ll_kernel": {"boxes": "*i64", "launches": "*i64"},
 }
 #: Kernels compiled for more element types than the profiles' (profile 0 with these
-#: changes): ll packs elements of 1, 2, 4 and 8 bytes into words (fp8 is moved, not reduced).
+#: changes): ll packs elements of 1, 2, 4 and 8 bytes into words (fp8 is moved, not
+#: reduced), 32 or 48 payload bits per word (ll, ll48).
 EXTRA_PROFILES = {
     "iris.ccl._ll._ll_kernel": (
         {"dtype": "fp16"}, {"dtype": "i64"}, {"dtype": "fp8e4nv", "MODE": "all_gather"},
+        {"dtype": "bf16", "PAYLOAD": 48}, {"dtype": "i64", "PAYLOAD": 48, "MODE": "reduce_scatter"},
+        {"dtype": "fp32", "PAYLOAD": 48, "GROUP": 3, "ME": 2, "RANK": 3, "OP": "max"},
+        {"dtype": "fp8e4nv", "PAYLOAD": 48, "MODE": "all_to_all"},
     ),
 }  # fmt: skip
 #: Pointers to the collective's data: the profile's dtype.

@@ -37,6 +37,7 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
         "all_reduce": [
             "auto",
             "ll",
+            "ll48",
             "boxed",
             "one_shot",
             "two_shot",
@@ -45,9 +46,9 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
             "atomic",
             "spinlock",
         ],
-        "all_gather": ["auto", "ll", "boxed", "push", "pull"],
-        "reduce_scatter": ["auto", "ll", "boxed", "push", "pull"],
-        "all_to_all": ["auto", "ll", "boxed", "push", "pull"],
+        "all_gather": ["auto", "ll", "ll48", "boxed", "push", "pull"],
+        "reduce_scatter": ["auto", "ll", "ll48", "boxed", "push", "pull"],
+        "all_to_all": ["auto", "ll", "ll48", "boxed", "push", "pull"],
     }
     G = world_size
     state = {"examples": 0, "launched": 0, "checked": 0, "raised": 0}

@@ -129,8 +129,8 @@ def all_gather(
         return _host.finish(comm, async_op)
     if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
         cfg = dataclasses.replace(cfg, variant="push")
-    if cfg.variant in ("boxed", "ll", "copy_engine"):
-        if cfg.variant in ("boxed", "ll"):
+    if cfg.variant in ("boxed", "ll", "ll48", "copy_engine"):
+        if cfg.variant in ("boxed", "ll", "ll48"):
             (_boxed if cfg.variant == "boxed" else _ll).run("all_gather", comm, cfg, src_all, dst_all, n)
         else:
             _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, n, chunked=False)

@@ -274,8 +274,8 @@ def all_reduce(
             _boxed.run("all_reduce", own, cfg, src_all[done:], dst_all[done:], n - done, rop.value)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant in ("boxed", "ll", "two_shot_push"):
-        if cfg.variant in ("boxed", "ll"):
+    if cfg.variant in ("boxed", "ll", "ll48", "two_shot_push"):
+        if cfg.variant in ("boxed", "ll", "ll48"):
             runner = _boxed if cfg.variant == "boxed" else _ll
             runner.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
         else:

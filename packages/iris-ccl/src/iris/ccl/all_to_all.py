@@ -131,8 +131,8 @@ def all_to_all(
         return _host.finish(comm, async_op)
     if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
         cfg = dataclasses.replace(cfg, variant="push")
-    if cfg.variant in ("boxed", "ll", "copy_engine"):
-        if cfg.variant in ("boxed", "ll"):
+    if cfg.variant in ("boxed", "ll", "ll48", "copy_engine"):
+        if cfg.variant in ("boxed", "ll", "ll48"):
             (_boxed if cfg.variant == "boxed" else _ll).run("all_to_all", comm, cfg, src_all, dst_all, m)
         else:
             _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, m, chunked=True)

@@ -139,7 +139,7 @@ def reduce_scatter(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant in ("boxed", "ll"):
+    if cfg.variant in ("boxed", "ll", "ll48"):
         runner = _boxed if cfg.variant == "boxed" else _ll
         runner.run("reduce_scatter", comm, cfg, src_all, dst_all, m, rop.value)
         _host.copy_back(out, dst_all)
