@@ -3,6 +3,11 @@
 
 Variants (``Config.variant``):
 
+* ``ll`` / ``ll48``: no barrier: every 8-byte word on the link carries a flag with 32
+  (``ll``) or 48 (``ll48``) bits of data, and the receiver polls its own memory until the
+  flags of a tile are this launch's (:mod:`iris.ccl._ll`); for small messages. Any tensors.
+* ``boxed``: one barrier per launch; each rank stores what a member needs into a box on
+  it and combines the boxes it received locally (:mod:`iris.ccl._boxed`). Any tensors.
 * ``push``: each rank stores its tile into every member's output at its own chunk
   (``index * n``), between a start barrier (no member's output is written before that
   member has entered the collective) and an end barrier (every tile has arrived). Needs
@@ -102,7 +107,8 @@ def all_gather(
     :param inp: this rank's contribution; any shape, contiguous or not.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
-    :param config: a :class:`Config` (variants ``push``, ``pull``, ``gluon``); None picks by size.
+    :param config: a :class:`Config` (variants: ``iris.ccl.VARIANTS["all_gather"]``, described
+        above); None picks by size.
 
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers.

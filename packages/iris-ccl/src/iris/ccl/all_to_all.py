@@ -3,6 +3,11 @@ chunks in group-rank order (like ``torch.distributed.all_to_all_single`` with eq
 
 Variants (``Config.variant``):
 
+* ``ll`` / ``ll48``: no barrier: every 8-byte word on the link carries a flag with 32
+  (``ll``) or 48 (``ll48``) bits of data, and the receiver polls its own memory until the
+  flags of a tile are this launch's (:mod:`iris.ccl._ll`); for small messages. Any tensors.
+* ``boxed``: one barrier per launch; each rank stores what a member needs into a box on
+  it and combines the boxes it received locally (:mod:`iris.ccl._boxed`). Any tensors.
 * ``push``: after a start barrier (no member's output is written before that member has
   entered the collective) each rank stores its chunk ``j`` into member ``j``'s output at
   chunk ``index``; an end barrier makes every chunk visible. Needs the output on the heap;
@@ -102,7 +107,8 @@ def all_to_all(
         any shape, contiguous or not.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
-    :param config: a :class:`Config` (variants ``push``, ``pull``); None picks by size.
+    :param config: a :class:`Config` (variants: ``iris.ccl.VARIANTS["all_to_all"]``, described
+        above); None picks by size.
 
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers.

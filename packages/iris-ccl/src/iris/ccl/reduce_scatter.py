@@ -3,6 +3,11 @@ chunk ``i`` of the input (like ``torch.distributed.reduce_scatter_tensor``).
 
 Variants (``Config.variant``):
 
+* ``ll`` / ``ll48``: no barrier: every 8-byte word on the link carries a flag with 32
+  (``ll``) or 48 (``ll48``) bits of data, and the receiver polls its own memory until the
+  flags of a tile are this launch's (:mod:`iris.ccl._ll`); for small messages. Any tensors.
+* ``boxed``: one barrier per launch; each rank stores what a member needs into a box on
+  it and combines the boxes it received locally (:mod:`iris.ccl._boxed`). Any tensors.
 * ``pull``: after a start barrier each rank loads its chunk from every member's input and
   reduces it; an end barrier keeps the inputs unchanged until every member has read them,
   then the result is stored locally. Needs the input on the heap.
@@ -99,7 +104,8 @@ def reduce_scatter(
     :param op: SUM, AVG (floating types), MAX or MIN.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
-    :param config: a :class:`Config` (variants ``push``, ``pull``); None picks by size.
+    :param config: a :class:`Config` (variants: ``iris.ccl.VARIANTS["reduce_scatter"]``, described
+        above); None picks by size.
 
     Tensors on a symmetric heap spanning exactly ``group`` are used in place by ``pull``;
     others are copied through the collective's staging buffers.
