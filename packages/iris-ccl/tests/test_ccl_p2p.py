@@ -14,7 +14,17 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import DTYPES, SIZES, device, dtype_name, make_input, mismatch, require_world, setup_rank
+from ccl_testutils import (
+    BACKEND,
+    DTYPES,
+    SIZES,
+    device,
+    dtype_name,
+    make_input,
+    mismatch,
+    require_world,
+    setup_rank,
+)
 
 from iris.mem.testing import run_world
 
@@ -198,14 +208,18 @@ def test_send_recv_larger_than_mailbox():
 
 def mixed_alignment_body(rank, world_size):
     """A message of whole 16-byte words sent as int32 vectors is received byte by byte into
-    an unaligned view, and the other way round (and the bytes are the same)."""
+    an unaligned view, and the other way round (and the bytes are the same). On GPUs 20
+    rounds: the byte-sender / word-receiver case lost its last 16 bytes (the message's second
+    launch) in 2 of 7 H200 runs of one round before send fenced its tiles (0 of 5 after),
+    cause not found."""
     setup_rank()
     import iris.ccl as ccl
 
     bad: list[str] = []
     n = 64 * 1024 + 4  # more than one tile, a whole number of 16-byte words
     x = make_input((n,), torch.float32, 0, 5)
-    for unaligned_receiver in (True, False):
+    rounds = 20 if BACKEND == "cuda" else 1
+    for unaligned_receiver in (True, False) * rounds:
         buf = torch.zeros(n + 1, dtype=torch.float32, device=device())
         if rank == 0:
             src = buf[1:] if not unaligned_receiver else buf[:n]
@@ -217,7 +231,7 @@ def mixed_alignment_body(rank, world_size):
             ccl.check_errors()  # a wait that gave up (GPUs record it) is an error, not zeros
             if (m := mismatch(dst, x, f"unaligned receiver={unaligned_receiver}")) is not None:
                 bad.append(m)
-    return {"bad": bad, "cases": 2}
+    return {"bad": bad, "cases": 2 * rounds}
 
 
 def test_send_recv_between_word_and_byte_copies():
