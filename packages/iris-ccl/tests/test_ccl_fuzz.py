@@ -33,22 +33,12 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
     import iris.ccl as ccl
 
     DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+    # every variant iris.ccl declares, except the GPU-only Gluon kernel and copy_engine
+    # (whole-message DMA copies: test_ccl_copy_engine.py)
     VARIANTS = {
-        "all_reduce": [
-            "auto",
-            "ll",
-            "ll48",
-            "boxed",
-            "one_shot",
-            "two_shot",
-            "two_shot_push",
-            "ring",
-            "atomic",
-            "spinlock",
-        ],
-        "all_gather": ["auto", "ll", "ll48", "boxed", "push", "pull"],
-        "reduce_scatter": ["auto", "ll", "ll48", "boxed", "push", "pull"],
-        "all_to_all": ["auto", "ll", "ll48", "boxed", "push", "pull"],
+        c: [v for v in variants if v not in ("gluon", "copy_engine")]
+        for c, variants in ccl.VARIANTS.items()
+        if c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
     }
     G = world_size
     state = {"examples": 0, "launched": 0, "checked": 0, "raised": 0}

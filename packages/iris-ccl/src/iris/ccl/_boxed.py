@@ -35,7 +35,7 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _host
+from . import _host, _ll
 from .config import Config
 from .triton import Group, tiles
 from .triton.sync import advance_launch_counter
@@ -118,3 +118,9 @@ def run(
             _boxed_kernel, _host.persistent_grid(comm, cfg, length), comm, cfg,
             src, dst, boxes, launches, length, src_stride, dst_stride, box_stride, **meta,
         )  # fmt: skip
+
+
+def run_boxes(mode: str, comm, cfg: Config, src_all, dst_all, per_member: int, op: str = "sum") -> None:
+    """:func:`run` for ``boxed``, :func:`iris.ccl._ll.run` for ``ll`` and ``ll48``
+    (``cfg.variant``, one of ``BOX_VARIANTS``); the same arguments."""
+    (run if cfg.variant == "boxed" else _ll.run)(mode, comm, cfg, src_all, dst_all, per_member, op)

@@ -15,7 +15,7 @@ import iris.mem
 from iris.mem.log import get_logger
 
 from . import _comm
-from .config import Config, check_config, select
+from .config import BOX_VARIANTS, Config, check_config, select
 from .reduce_op import ReduceOp, check_dtype, check_op
 from .work import Work
 
@@ -137,7 +137,7 @@ def setup(
     interpreted = tensors[0].device.type != "cuda"
     cfg = select(collective, nbytes, len(_comm.group_ranks(group)), interpreted, config)
     # boxed and ll stage through iris.ccl's own heap: they never spend the caller's heap.
-    comm = None if stage or cfg.variant in ("boxed", "ll", "ll48") else _comm.in_place(tensors, group)
+    comm = None if stage or cfg.variant in BOX_VARIANTS else _comm.in_place(tensors, group)
     in_place = comm is not None
     if comm is None:
         comm = _comm.own(group, tensors[0].device)

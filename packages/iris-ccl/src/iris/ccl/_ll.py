@@ -45,6 +45,7 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import constexpr_function
 
 from iris.mem.triton import Context
 
@@ -79,64 +80,45 @@ def _unpair(w, NARROW: tl.constexpr):
     return tl.reshape(tl.join(lo, hi), [w.shape[0] * 2])
 
 
+@constexpr_function
+def _int_type(bits):
+    """The signed integer type of ``bits`` bits."""
+    return {8: tl.int8, 16: tl.int16, 32: tl.int32, 64: tl.int64}[int(bits)]
+
+
 @triton.jit
-def _to_words(x):
-    """The bytes of ``x`` (1, 2, 4 or 8-byte elements) as 32-bit words, in memory order."""
+def _to_units(x, UNIT: tl.constexpr):
+    """The bytes of ``x`` (1, 2, 4 or 8-byte elements) as integers of type ``UNIT`` (16 or
+    32 bits), in memory order: narrower elements paired, wider ones split."""
     BITS: tl.constexpr = x.dtype.primitive_bitwidth
-    if BITS == 32:
-        words = x.to(tl.int32, bitcast=True)
-    elif BITS == 64:
-        words = _unpair(x.to(tl.int64, bitcast=True), tl.int32)
-    elif BITS == 16:
-        words = _pair(x.to(tl.int16, bitcast=True), tl.int32)
-    else:
-        words = _pair(_pair(x.to(tl.int8, bitcast=True), tl.int16), tl.int32)
-    return words
+    U: tl.constexpr = UNIT.primitive_bitwidth
+    v = x.to(_int_type(BITS), bitcast=True)
+    if BITS < U:
+        v = _pair(v, _int_type(2 * BITS))
+        if 2 * BITS < U:
+            v = _pair(v, UNIT)
+    elif BITS > U:
+        v = _unpair(v, _int_type(BITS // 2))
+        if BITS // 2 > U:
+            v = _unpair(v, UNIT)
+    return v
 
 
 @triton.jit
-def _from_words(words, ELEM: tl.constexpr):
-    """Inverse of :func:`_to_words`: 32-bit words as elements of type ``ELEM``."""
+def _from_units(units, ELEM: tl.constexpr):
+    """Inverse of :func:`_to_units`: integers of 16 or 32 bits as elements of type ``ELEM``."""
     BITS: tl.constexpr = ELEM.primitive_bitwidth
-    if BITS == 32:
-        x = words.to(ELEM, bitcast=True)
-    elif BITS == 64:
-        x = _pair(words, tl.int64).to(ELEM, bitcast=True)
-    elif BITS == 16:
-        x = _unpair(words, tl.int16).to(ELEM, bitcast=True)
-    else:
-        x = _unpair(_unpair(words, tl.int16), tl.int8).to(ELEM, bitcast=True)
-    return x
-
-
-@triton.jit
-def _to_halves(x):
-    """The bytes of ``x`` (1, 2, 4 or 8-byte elements) as 16-bit halfwords, in memory order."""
-    BITS: tl.constexpr = x.dtype.primitive_bitwidth
-    if BITS == 16:
-        halves = x.to(tl.int16, bitcast=True)
-    elif BITS == 32:
-        halves = _unpair(x.to(tl.int32, bitcast=True), tl.int16)
-    elif BITS == 64:
-        halves = _unpair(_unpair(x.to(tl.int64, bitcast=True), tl.int32), tl.int16)
-    else:
-        halves = _pair(x.to(tl.int8, bitcast=True), tl.int16)
-    return halves
-
-
-@triton.jit
-def _from_halves(halves, ELEM: tl.constexpr):
-    """Inverse of :func:`_to_halves`: 16-bit halfwords as elements of type ``ELEM``."""
-    BITS: tl.constexpr = ELEM.primitive_bitwidth
-    if BITS == 16:
-        x = halves.to(ELEM, bitcast=True)
-    elif BITS == 32:
-        x = _pair(halves, tl.int32).to(ELEM, bitcast=True)
-    elif BITS == 64:
-        x = _pair(_pair(halves, tl.int32), tl.int64).to(ELEM, bitcast=True)
-    else:
-        x = _unpair(halves, tl.int8).to(ELEM, bitcast=True)
-    return x
+    U: tl.constexpr = units.dtype.primitive_bitwidth
+    v = units
+    if BITS > U:
+        v = _pair(v, _int_type(2 * U))
+        if 2 * U < BITS:
+            v = _pair(v, _int_type(BITS))
+    elif BITS < U:
+        v = _unpair(v, _int_type(U // 2))
+        if U // 2 > BITS:
+            v = _unpair(v, _int_type(BITS))
+    return v.to(ELEM, bitcast=True)
 
 
 @triton.jit
@@ -144,9 +126,9 @@ def _lane(x, k: tl.constexpr, PAYLOAD: tl.constexpr):
     """Plane ``k`` of a line: the elements ``x`` as the bits they occupy in the 8-byte words
     (``PAYLOAD`` 32: the low word; 48: halfword ``k``)."""
     if PAYLOAD == 32:
-        bits = _to_words(x).to(tl.int64) & 0xFFFFFFFF
+        bits = _to_units(x, tl.int32).to(tl.int64) & 0xFFFFFFFF
     else:
-        bits = (_to_halves(x).to(tl.int64) & 0xFFFF) << (16 * k)
+        bits = (_to_units(x, tl.int16).to(tl.int64) & 0xFFFF) << (16 * k)
     return bits
 
 
@@ -154,9 +136,9 @@ def _lane(x, k: tl.constexpr, PAYLOAD: tl.constexpr):
 def _unlane(line, k: tl.constexpr, PAYLOAD: tl.constexpr, ELEM: tl.constexpr):
     """Inverse of :func:`_lane`: plane ``k`` of the words ``line`` as elements of ``ELEM``."""
     if PAYLOAD == 32:
-        x = _from_words(line.to(tl.int32), ELEM)
+        x = _from_units(line.to(tl.int32), ELEM)
     else:
-        x = _from_halves((line >> (16 * k)).to(tl.int16), ELEM)
+        x = _from_units((line >> (16 * k)).to(tl.int16), ELEM)
     return x
 
 
@@ -228,6 +210,9 @@ def _ll_kernel(
     t = pid
     while t < ntiles:
         first = t * BLOCK
+        # ll48 reads a peer's tile once per plane: after the first poll the words are there
+        # and a re-read is a local load, where holding the tiles of every peer for three
+        # planes at once would need as many accumulators.
         for plane in tl.static_range(PLANES):
             offs = t * TILE + plane * EP + tl.arange(0, EP)
             mask = offs < n

@@ -45,8 +45,8 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _comm, _copy_engine, _host, _ll
-from .config import Config
+from . import _boxed, _comm, _copy_engine, _host
+from .config import BOX_VARIANTS, Config
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
 from .work import Work
@@ -279,10 +279,9 @@ def all_reduce(
             _boxed.run("all_reduce", own, cfg, src_all[done:], dst_all[done:], n - done, rop.value)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant in ("boxed", "ll", "ll48", "two_shot_push"):
-        if cfg.variant in ("boxed", "ll", "ll48"):
-            runner = _boxed if cfg.variant == "boxed" else _ll
-            runner.run("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
+    if cfg.variant in BOX_VARIANTS + ("two_shot_push",):
+        if cfg.variant in BOX_VARIANTS:
+            _boxed.run_boxes("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
         else:
             _two_shot_push(comm, cfg, src_all, dst_all, in_place, rop, group)
         _host.copy_back(out, dst_all)

@@ -34,8 +34,8 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _copy_engine, _host, _ll
-from .config import Config
+from . import _boxed, _copy_engine, _host
+from .config import BOX_VARIANTS, Config
 from .triton import Group, tiles
 from .work import Work
 
@@ -137,9 +137,9 @@ def all_to_all(
         return _host.finish(comm, async_op)
     if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
         cfg = dataclasses.replace(cfg, variant="push")
-    if cfg.variant in ("boxed", "ll", "ll48", "copy_engine"):
-        if cfg.variant in ("boxed", "ll", "ll48"):
-            (_boxed if cfg.variant == "boxed" else _ll).run("all_to_all", comm, cfg, src_all, dst_all, m)
+    if cfg.variant in BOX_VARIANTS + ("copy_engine",):
+        if cfg.variant in BOX_VARIANTS:
+            _boxed.run_boxes("all_to_all", comm, cfg, src_all, dst_all, m)
         else:
             _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, m, chunked=True)
         _host.copy_back(out, dst_all)

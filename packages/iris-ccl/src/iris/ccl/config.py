@@ -29,6 +29,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Variants that run on boxes in iris.ccl's own heap (any tensors, never the caller's
+#: heap): ``boxed`` (iris.ccl._boxed), ``ll`` and ``ll48`` (iris.ccl._ll).
+BOX_VARIANTS = ("boxed", "ll", "ll48")
+
 #: Upper bound of ``Config.programs``: the sync slots of a communicator (``_comm.MAX_SLOTS``).
 MAX_PROGRAMS = 8192
 

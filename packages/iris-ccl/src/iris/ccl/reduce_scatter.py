@@ -30,8 +30,8 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _host, _ll
-from .config import Config, select
+from . import _boxed, _host
+from .config import BOX_VARIANTS, Config, select
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
 from .work import Work
@@ -145,9 +145,8 @@ def reduce_scatter(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    if cfg.variant in ("boxed", "ll", "ll48"):
-        runner = _boxed if cfg.variant == "boxed" else _ll
-        runner.run("reduce_scatter", comm, cfg, src_all, dst_all, m, rop.value)
+    if cfg.variant in BOX_VARIANTS:
+        _boxed.run_boxes("reduce_scatter", comm, cfg, src_all, dst_all, m, rop.value)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
     meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
