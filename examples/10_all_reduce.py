@@ -25,7 +25,7 @@ def main() -> int:
     x = torch.randn(300, 7, device=device, generator=None) + rank  # any tensor, any shape
     want = x.clone()
     dist.all_reduce(want)
-    for variant in iris.ccl.VARIANTS["all_reduce"]:  # auto, ll, ll48, boxed, one_shot, ...
+    for variant in iris.ccl.VARIANTS["all_reduce"]:  # auto, ll, boxed, one_shot, ...
         out = torch.empty_like(x)
         iris.ccl.all_reduce(out, x, config=iris.ccl.Config(variant=variant))
         check(errors, variant, out, want)

@@ -41,7 +41,7 @@ FIXED = {
     "flags": "*i32",
     "epochs": "*i32",
     "status": "*i64",
-    "budget": "i32",
+    "budget": "i64",
     "locks": "*i32",
     "launches": "*i32",
     # point-to-point mailbox (bytes) and its per-tile counters
@@ -59,13 +59,12 @@ KERNEL_TYPES = {
 }
 #: Kernels compiled for more element types than the profiles' (profile 0 with these
 #: changes): ll packs elements of 1, 2, 4 and 8 bytes into words (fp8 is moved, not
-#: reduced), 32 or 48 payload bits per word (ll, ll48).
+#: reduced), in every mode.
 EXTRA_PROFILES = {
     "iris.ccl._ll._ll_kernel": (
         {"dtype": "fp16"}, {"dtype": "i64"}, {"dtype": "fp8e4nv", "MODE": "all_gather"},
-        {"dtype": "bf16", "PAYLOAD": 48}, {"dtype": "i64", "PAYLOAD": 48, "MODE": "reduce_scatter"},
-        {"dtype": "fp32", "PAYLOAD": 48, "GROUP": 3, "ME": 2, "RANK": 3, "OP": "max"},
-        {"dtype": "fp8e4nv", "PAYLOAD": 48, "MODE": "all_to_all"},
+        {"dtype": "i64", "MODE": "reduce_scatter"}, {"dtype": "fp8e4nv", "MODE": "all_to_all"},
+        {"dtype": "fp32", "GROUP": 3, "ME": 2, "RANK": 3, "OP": "max"},
     ),
 }  # fmt: skip
 #: Pointers to the collective's data: the profile's dtype.

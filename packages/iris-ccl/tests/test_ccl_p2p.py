@@ -238,6 +238,42 @@ def test_send_recv_between_word_and_byte_copies():
     _assert_clean(_run(2, mixed_alignment_body))
 
 
+def late_receiver_body(rank, world_size, delay):
+    """A message of three mailbox slots (the sender waits for the receiver between slots)
+    whose receiver starts ``delay`` seconds late. Waits are timed, not counted: when they
+    counted polls (about 0.1 us each on H200), a receiver a few seconds late, say still
+    compiling its kernel, made the sender give up and skip tiles."""
+    setup_rank()
+    import iris.ccl as ccl
+
+    ccl.barrier()
+    bad: list[str] = []
+    n = 3 * int(os.environ["IRIS_CCL_P2P_BYTES"]) // 4 + 4  # whole 16-byte words, 3 slots and a bit
+    x = make_input((n,), torch.float32, 0, 7)
+    if rank == 0:
+        started = time.monotonic()
+        ccl.send(x, 1)
+        ccl.check_errors()  # synchronises: the sender's own waits for the receiver
+        if time.monotonic() - started < delay / 2:
+            bad.append(f"the send took {time.monotonic() - started:.1f} s: it did not wait for the receiver")
+    elif rank == 1:
+        time.sleep(delay)
+        out = torch.empty_like(x)
+        ccl.recv(out, 0)
+        ccl.check_errors()
+        if (m := mismatch(out, x, "late receiver")) is not None:
+            bad.append(m)
+    return {"bad": bad, "cases": 1}
+
+
+def test_send_waits_for_a_late_receiver():
+    # On GPUs the default timeout (300 s) and a delay longer than the old default poll count
+    # lasted; the interpreter is slower to start a kernel, so a shorter delay suffices there.
+    delay, env = (10.0, {}) if BACKEND == "cuda" else (3.0, {"IRIS_WAIT_TIMEOUT": "60"})
+    env["IRIS_CCL_P2P_BYTES"] = str(16 * 1024)
+    _assert_clean(_run(2, late_receiver_body, delay, env=env))
+
+
 def timeout_body(rank, world_size):
     """A recv with no matching send, and a send whose previous message was never received,
     give up with DeviceWaitTimeout naming both ranks; afterwards the pair still works."""
@@ -274,9 +310,8 @@ def timeout_body(rank, world_size):
 
 
 def test_send_recv_timeouts_are_reported():
-    # Interpreted spins take ~0.1-0.2 ms each on a loaded CPU: ~1-2 s per timeout.
-    limit = "10000" if os.environ.get("IRIS_BACKEND", "cpu") == "cpu" else "2000000"
-    _assert_clean(_run(2, timeout_body, env={"IRIS_SPIN_LIMIT": limit}))
+    limit = "2" if os.environ.get("IRIS_BACKEND", "cpu") == "cpu" else "0.5"
+    _assert_clean(_run(2, timeout_body, env={"IRIS_WAIT_TIMEOUT": limit}))
 
 
 # --------------------------------------------------------------------------- bad input
@@ -381,7 +416,7 @@ def compile_child() -> list[str]:
     from triton.compiler import ASTSource
 
     lead = {"context": "*i64", "members": "*i32", "flags": "*i32", "epochs": "*i32", "status": "*i64"}
-    lead["budget"] = "i32"
+    lead["budget"] = "i64"
     p2p = importlib.import_module("iris.ccl.p2p")
     barrier = importlib.import_module("iris.ccl.barrier")
     common = {"seq": "*i32", "ack": "*i32", "nbytes": "i32", "peer": "i32"}

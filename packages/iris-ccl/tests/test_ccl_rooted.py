@@ -444,7 +444,7 @@ def compile_child() -> list[str]:
     from triton.compiler import ASTSource
 
     lead = {"context": "*i64", "members": "*i32", "flags": "*i32", "epochs": "*i32", "status": "*i64"}
-    lead["budget"] = "i32"
+    lead["budget"] = "i64"
     fails = []
     for name in ("broadcast", "reduce", "scatter", "gather"):
         fn = getattr(importlib.import_module(f"iris.ccl.{name}"), f"_{name}_kernel")

@@ -260,7 +260,7 @@ def _global_loads(ptx: str) -> list[str]:
 def _child_barrier(fails: list, worlds=(1, 2, 8)) -> None:
     from iris.mem import sync
 
-    sig = {"flags": "*i32", "epoch_ptr": "*i32", "status": "*i64", "heap_bases": "*i64", "max_spins": "i32"}
+    sig = {"flags": "*i32", "epoch_ptr": "*i32", "status": "*i64", "heap_bases": "*i64", "budget": "i64"}
     for world in worlds:
         k = _compile(sync._device_barrier_kernel, sig, {"RANK": world - 1, "WORLD": world})
         atoms = _atom_lines(k.asm["ptx"])

@@ -37,7 +37,7 @@ FIXED = {
     "sync_flags": "*i32",
     "epochs": "*i32",
     "status": "*i64",
-    "budget": "i32",
+    "budget": "i64",
     "state": "*i32",
     "ready": "*i32",
 }

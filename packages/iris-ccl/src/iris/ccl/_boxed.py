@@ -121,6 +121,6 @@ def run(
 
 
 def run_boxes(mode: str, comm, cfg: Config, src_all, dst_all, per_member: int, op: str = "sum") -> None:
-    """:func:`run` for ``boxed``, :func:`iris.ccl._ll.run` for ``ll`` and ``ll48``
+    """:func:`run` for ``boxed``, :func:`iris.ccl._ll.run` for ``ll``
     (``cfg.variant``, one of ``BOX_VARIANTS``); the same arguments."""
     (run if cfg.variant == "boxed" else _ll.run)(mode, comm, cfg, src_all, dst_all, per_member, op)

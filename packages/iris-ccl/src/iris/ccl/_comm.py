@@ -161,9 +161,8 @@ class Communicator:
             _log.error("a collective gave up waiting: rank %d for rank %d (flag at %#x)", rank, peer, address)
             raise iris.mem.DeviceWaitTimeout(
                 f"rank {rank}: a collective gave up waiting for rank {peer} (flag at {address:#x}) after "
-                f"IRIS_SPIN_LIMIT={iris.mem.spin_limit()} spins; every rank of the group must call the same "
-                "collectives in the "
-                "same order with the same sizes"
+                f"IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the group must call the "
+                "same collectives in the same order with the same sizes"
             )
 
     def kernel_args(self) -> tuple:
@@ -174,7 +173,7 @@ class Communicator:
             self.flags,
             self.epochs,
             self.status,
-            iris.mem.spin_limit(),
+            iris.mem.wait_budget_ns(),
         )
 
     def kernel_meta(self) -> dict:

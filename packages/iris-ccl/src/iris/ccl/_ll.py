@@ -26,16 +26,9 @@ Element types of 1, 2, 4 or 8 bytes are packed into 32-bit words (a tile of ``BL
 words holds ``BLOCK * 4 / itemsize`` elements; the last tile of a member's data is padded),
 so inputs and outputs may be any tensors with any alignment, as for ``boxed``.
 
-``ll48`` carries 48 bits of data and a 16-bit flag per word (launch number mod 65535 plus
-1): the three low halfwords of the tile's words hold three planes of ``BLOCK`` halfwords
-each (consecutive runs of the member's data), so the link carries 4/3 of the data instead
-of twice it. A 16-bit flag comes back every 65535 launches, which a word left untouched
-for that long would match; so the receiver zeroes every word it has read, after its last
-read of the tile (a local store). The words it zeroes at launch ``n`` are written next at
-launch ``n + 2`` (same bank), which a peer starts only after this rank's launch ``n + 1``
-sent it data, so after this launch (and its zeroing) has finished. ``ll`` and ``ll48``
-use the two halves of the staging buffer, each with its own launch counter, so calls of
-the two may alternate on one communicator.
+A 48-bit payload with a 16-bit flag (4/3 of the bytes on the link instead of twice) was
+tried as ``ll48`` and measured slower than this at every size it could serve
+(``benchmarks/ccl/NOTES.md``, change 12).
 """
 
 from __future__ import annotations
@@ -48,6 +41,7 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from iris.mem.triton import Context
+from iris.mem.utils import global_timer
 
 from . import _host
 from .config import Config
@@ -58,9 +52,8 @@ from .triton.sync import advance_launch_counter, combine, record_timeout
 _HEADER = 256
 #: What every launch adds to the launch counter (see the module docstring).
 _LAUNCH_UNIT: tl.constexpr = tl.constexpr(1 << 20)
-#: Flags run through 1 .. 2**31 - 1 (``ll``) and 1 .. 2**16 - 1 (``ll48``).
+#: Flags run through 1 .. 2**31 - 1.
 _FLAG_PERIOD: tl.constexpr = tl.constexpr((1 << 31) - 1)
-_FLAG_PERIOD_16: tl.constexpr = tl.constexpr((1 << 16) - 1)
 
 
 @triton.jit
@@ -122,53 +115,29 @@ def _from_units(units, ELEM: tl.constexpr):
 
 
 @triton.jit
-def _lane(x, k: tl.constexpr, PAYLOAD: tl.constexpr):
-    """Plane ``k`` of a line: the elements ``x`` as the bits they occupy in the 8-byte words
-    (``PAYLOAD`` 32: the low word; 48: halfword ``k``)."""
-    if PAYLOAD == 32:
-        bits = _to_units(x, tl.int32).to(tl.int64) & 0xFFFFFFFF
-    else:
-        bits = (_to_units(x, tl.int16).to(tl.int64) & 0xFFFF) << (16 * k)
-    return bits
-
-
-@triton.jit
-def _unlane(line, k: tl.constexpr, PAYLOAD: tl.constexpr, ELEM: tl.constexpr):
-    """Inverse of :func:`_lane`: plane ``k`` of the words ``line`` as elements of ``ELEM``."""
-    if PAYLOAD == 32:
-        x = _from_units(line.to(tl.int32), ELEM)
-    else:
-        x = _from_units((line >> (16 * k)).to(tl.int16), ELEM)
-    return x
-
-
-@triton.jit
-def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr, PAYLOAD: tl.constexpr):
+def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr):
     """The ``BLOCK`` words at ``box`` (this rank's memory) once every one of them carries
-    ``flag`` in its top ``64 - PAYLOAD`` bits: volatile loads of the whole tile (all in
-    flight at once) until it has, at most ``budget`` times (then the timeout is recorded for
+    ``flag`` in its high 32 bits: volatile loads of the whole tile (all in
+    flight at once) until it has, for at most ``budget`` ns (then the timeout is recorded for
     the host and the words are used as they are). Measured on 2 x H200, per-thread spinning
     on each word (inline PTX, no barrier per poll) was slower from 512 KiB up (1 MiB
     all_reduce 16.2 against 11.3 us): a thread's words are then waited for one after
     another."""
-    FLAG_BITS: tl.constexpr = 64 - PAYLOAD
     words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
-    spins = group.budget * 0
-    while (tl.sum((((words >> PAYLOAD) & ((1 << FLAG_BITS) - 1)) != flag).to(tl.int32)) > 0) & (
-        spins < group.budget
-    ):
+    start = global_timer()
+    missing = tl.sum(((words >> 32) != flag).to(tl.int32))
+    while (missing > 0) & (global_timer() - start < group.budget):
         words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
-        spins += 1
-    if spins >= group.budget:
+        missing = tl.sum(((words >> 32) != flag).to(tl.int32))
+    if missing > 0:
         record_timeout(group.status, ctx.rank, group.rank(peer), box)
     return words
 
 
 @triton.jit
-def _received(box, flag, ctx, group, peer: tl.constexpr, plane: tl.constexpr, BLOCK: tl.constexpr,
-              PAYLOAD: tl.constexpr, ELEM: tl.constexpr):  # fmt: skip
-    """Plane ``plane`` of the tile member ``peer`` stored at ``box``, once it has arrived."""
-    return _unlane(_receive(box, flag, ctx, group, peer, BLOCK, PAYLOAD), plane, PAYLOAD, ELEM)
+def _received(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr, ELEM: tl.constexpr):
+    """The tile member ``peer`` stored at ``box`` (elements of ``ELEM``), once it has arrived."""
+    return _from_units(_receive(box, flag, ctx, group, peer, BLOCK).to(tl.int32), ELEM)
 
 
 @triton.jit
@@ -176,78 +145,62 @@ def _ll_kernel(
     context, members, flags, epochs, status, budget, src, dst, boxes, launches, n, src_stride, dst_stride,
     box_stride,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr, PAYLOAD: tl.constexpr = 32,
+    MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr,
 ):  # fmt: skip
     """Member ``j`` is sent ``src[j * src_stride + e]``, ``e < n`` (``src_stride`` 0: the
     same data to everyone); member ``i``'s data ends in ``dst[i * dst_stride + e]``
-    (reductions: ``dst[e]``). A tile is ``BLOCK`` words holding ``PLANES`` planes of ``EP``
-    consecutive elements each (``PAYLOAD`` 32: one plane in the low 32 bits; 48: three
-    planes in the three low halfwords, and the receiver zeroes the words it has read)."""
+    (reductions: ``dst[e]``). A tile is ``BLOCK`` words whose low 32 bits hold ``TILE``
+    consecutive elements."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
     ELEM: tl.constexpr = src.dtype.element_ty
-    PLANES: tl.constexpr = 1 if PAYLOAD == 32 else 3
-    EP: tl.constexpr = BLOCK * (32 if PAYLOAD == 32 else 16) // ELEM.primitive_bitwidth
-    TILE: tl.constexpr = PLANES * EP
+    TILE: tl.constexpr = BLOCK * 32 // ELEM.primitive_bitwidth
     ntiles = tl.cdiv(n, TILE)
     launch = tl.load(launches) >> 20
-    flag = launch % (_FLAG_PERIOD if PAYLOAD == 32 else _FLAG_PERIOD_16) + 1
+    flag = launch % _FLAG_PERIOD + 1
     bank = boxes + (launch & 1) * GROUP * box_stride
     t = pid
     while t < ntiles:
         words = t * BLOCK + tl.arange(0, BLOCK)
         for k in tl.static_range(1, GROUP):
             j = (ME + k) % GROUP
-            line = tl.zeros([BLOCK], tl.int64) | (flag << PAYLOAD)
-            for plane in tl.static_range(PLANES):
-                offs = t * TILE + plane * EP + tl.arange(0, EP)
-                x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=offs < n)
-                line |= _lane(x, plane, PAYLOAD)
+            offs = t * TILE + tl.arange(0, TILE)
+            x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=offs < n)
+            line = (_to_units(x, tl.int32).to(tl.int64) & 0xFFFFFFFF) | (flag.to(tl.int64) << 32)
             ctx.store(bank + ME * box_stride + words, line, group.rank(j), hint=16)
         t += tl.num_programs(0)
     own = src + tl.cast(ME, tl.int64) * src_stride
     t = pid
     while t < ntiles:
         first = t * BLOCK
-        # ll48 reads a peer's tile once per plane: after the first poll the words are there
-        # and a re-read is a local load, where holding the tiles of every peer for three
-        # planes at once would need as many accumulators.
-        for plane in tl.static_range(PLANES):
-            offs = t * TILE + plane * EP + tl.arange(0, EP)
-            mask = offs < n
-            if MODE == "all_reduce" or MODE == "reduce_scatter":
-                if ME == 0:
-                    acc = tl.load(own + offs, mask=mask, other=0)
-                else:
-                    acc = _received(bank + first, flag, ctx, group, 0, plane, BLOCK, PAYLOAD, ELEM)
-                if ACC_FP32:
-                    acc = acc.to(tl.float32)
-                for i in tl.static_range(1, GROUP):
-                    if i == ME:
-                        x = tl.load(own + offs, mask=mask, other=0)
-                    else:
-                        box = bank + i * box_stride + first
-                        x = _received(box, flag, ctx, group, i, plane, BLOCK, PAYLOAD, ELEM)
-                    if ACC_FP32:
-                        x = x.to(tl.float32)
-                    acc = combine(acc, x, OP)
-                if OP == "avg":
-                    acc = acc / GROUP
-                tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+        offs = t * TILE + tl.arange(0, TILE)
+        mask = offs < n
+        if MODE == "all_reduce" or MODE == "reduce_scatter":
+            if ME == 0:
+                acc = tl.load(own + offs, mask=mask, other=0)
             else:
-                for i in tl.static_range(GROUP):
-                    if i == ME:
-                        x = tl.load(own + offs, mask=mask)
-                    else:
-                        box = bank + i * box_stride + first
-                        x = _received(box, flag, ctx, group, i, plane, BLOCK, PAYLOAD, ELEM)
-                    tl.store(dst + tl.cast(i, tl.int64) * dst_stride + offs, x, mask=mask)
-        if PAYLOAD != 32:
-            # A 16-bit flag repeats: no word may keep one (see the module docstring).
+                acc = _received(bank + first, flag, ctx, group, 0, BLOCK, ELEM)
+            if ACC_FP32:
+                acc = acc.to(tl.float32)
+            for i in tl.static_range(1, GROUP):
+                if i == ME:
+                    x = tl.load(own + offs, mask=mask, other=0)
+                else:
+                    x = _received(bank + i * box_stride + first, flag, ctx, group, i, BLOCK, ELEM)
+                if ACC_FP32:
+                    x = x.to(tl.float32)
+                acc = combine(acc, x, OP)
+            if OP == "avg":
+                acc = acc / GROUP
+            tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+        else:
             for i in tl.static_range(GROUP):
-                if i != ME:
-                    tl.store(bank + i * box_stride + first + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.int64))
+                if i == ME:
+                    x = tl.load(own + offs, mask=mask)
+                else:
+                    x = _received(bank + i * box_stride + first, flag, ctx, group, i, BLOCK, ELEM)
+                tl.store(dst + tl.cast(i, tl.int64) * dst_stride + offs, x, mask=mask)
         t += tl.num_programs(0)
     advance_launch_counter(launches, _LAUNCH_UNIT)  # this launch's 2**20 (module docstring)
 
@@ -263,15 +216,10 @@ def run(
 ) -> None:
     """Run ``mode`` over ``per_member`` elements per member: ``src_all`` and ``dst_all`` are
     flat, contiguous and may be any tensors (``dst_all`` may be ``src_all`` for an
-    all-reduce). Reductions: ``op`` is the ReduceOp value. ``cfg.variant`` is "ll" or
-    "ll48"; ``cfg.block_size`` is the tile in 8-byte words."""
+    all-reduce). Reductions: ``op`` is the ReduceOp value. ``cfg.block_size`` is the tile
+    in 8-byte words."""
     itemsize = src_all.element_size()
-    payload = 48 if cfg.variant == "ll48" else 32
-    # ll and ll48 each have half of the staging buffer "ll" (its own launch counter and
-    # boxes): their words must never meet, since ll leaves its words behind.
-    buf = comm.staging("ll", 0, zero=True)
-    half = buf.numel() // 2 // _HEADER * _HEADER
-    region = buf[half : 2 * half] if payload == 48 else buf[:half]
+    region = comm.staging("ll", 0, zero=True)
     launches = region[:8].view(torch.int64)
     # Two banks of G boxes of whole tiles (8 bytes per word on the link); smaller tiles
     # when a box (IRIS_CCL_STAGING_BYTES) holds less than one.
@@ -282,17 +230,17 @@ def run(
     if block > capacity:
         raise RuntimeError(
             f"iris.ccl: variant {cfg.variant!r} needs staging buffers of at least "
-            f"{2 * (_HEADER + 2 * comm.size * 8 * 16)} bytes for {comm.size} ranks; "
-            f"IRIS_CCL_STAGING_BYTES gives {buf.numel()}"
+            f"{_HEADER + 2 * comm.size * 8 * 16} bytes for {comm.size} ranks; "
+            f"IRIS_CCL_STAGING_BYTES gives {region.numel()}"
         )
     if block != cfg.block_size:
         cfg = dataclasses.replace(cfg, block_size=block)
-    per_tile = block * (4 if payload == 32 else 6) // itemsize  # elements per tile
+    per_tile = block * 4 // itemsize  # elements per tile
     box_stride = capacity // block * block
     boxes = region[_HEADER : _HEADER + 2 * comm.size * box_stride * 8].view(torch.int64)
     src_stride = per_member if mode in ("reduce_scatter", "all_to_all") else 0
     dst_stride = per_member if mode in ("all_gather", "all_to_all") else 0
-    meta = {"MODE": mode, "OP": op, "ACC_FP32": _host.acc_fp32(src_all.dtype), "PAYLOAD": payload}
+    meta = {"MODE": mode, "OP": op, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
     per_launch = box_stride // block * per_tile
     if cfg.chunk_elements:
         per_launch = min(per_launch, max(cfg.chunk_elements // per_tile, 1) * per_tile)

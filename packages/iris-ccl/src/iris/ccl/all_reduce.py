@@ -2,8 +2,8 @@
 
 Variants (``Config.variant``):
 
-* ``ll`` / ``ll48``: no barrier: every 8-byte word on the link carries a flag with 32
-  (``ll``) or 48 (``ll48``) bits of data, and the receiver polls its own memory until the
+* ``ll``: no barrier: every 8-byte word on the link carries a flag beside 32 bits of
+  data, and the receiver polls its own memory until the
   flags of a tile are this launch's (:mod:`iris.ccl._ll`); for small messages. Any tensors.
 * ``boxed``: one barrier per launch; each rank stores what a member needs into a box on
   it and combines the boxes it received locally (:mod:`iris.ccl._boxed`). Any tensors.
@@ -52,7 +52,7 @@ from .triton import Group, tiles
 from .work import Work
 
 # Every collective kernel takes the communicator's leading arguments (context tensor,
-# members, flags, epochs, status, spin budget) and constexprs (RANK, WORLD, GROUP, ME,
+# members, flags, epochs, status, wait budget in ns) and constexprs (RANK, WORLD, GROUP, ME,
 # BLOCK); see _comm.Communicator.kernel_args / kernel_meta.
 
 

@@ -13,7 +13,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "all_reduce": (
         "auto",
         "ll",
-        "ll48",
         "boxed",
         "one_shot",
         "two_shot",
@@ -23,15 +22,15 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "atomic",
         "spinlock",
     ),
-    "all_gather": ("auto", "ll", "ll48", "boxed", "push", "pull", "gluon", "copy_engine"),
-    "reduce_scatter": ("auto", "ll", "ll48", "boxed", "push", "pull"),
-    "all_to_all": ("auto", "ll", "ll48", "boxed", "push", "pull", "copy_engine"),
+    "all_gather": ("auto", "ll", "boxed", "push", "pull", "gluon", "copy_engine"),
+    "reduce_scatter": ("auto", "ll", "boxed", "push", "pull"),
+    "all_to_all": ("auto", "ll", "boxed", "push", "pull", "copy_engine"),
 }
 
 
 #: Variants that run on boxes in iris.ccl's own heap (any tensors, never the caller's
-#: heap): ``boxed`` (iris.ccl._boxed), ``ll`` and ``ll48`` (iris.ccl._ll).
-BOX_VARIANTS = ("boxed", "ll", "ll48")
+#: heap): ``boxed`` (iris.ccl._boxed) and ``ll`` (iris.ccl._ll).
+BOX_VARIANTS = ("boxed", "ll")
 
 #: Upper bound of ``Config.programs``: the sync slots of a communicator (``_comm.MAX_SLOTS``).
 MAX_PROGRAMS = 8192
@@ -106,7 +105,7 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
         )
     if variant == "auto" and collective in VARIANTS:
         variant = auto_variant(collective, nbytes, world_size)
-    if variant in ("ll", "ll48") and not interpreted:
+    if variant == "ll" and not interpreted:
         # tiles of 32-bit words; measured on 2 x H200 (benchmarks/ccl/NOTES.md)
         block = config.block_size or (256 if nbytes <= (256 << 10) else 1024 if nbytes <= (2 << 20) else 2048)
     else:

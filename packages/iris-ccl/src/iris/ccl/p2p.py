@@ -14,7 +14,7 @@ message in its tile, stores the tile into the receiver's mailbox and publishes t
 sequence number (release, system scope). Program ``t`` of ``recv`` waits for that number,
 copies the tile out and acknowledges it. A message larger than the slot is sent as several
 launches of one slot each. Counters only grow and live on the device, so nothing is reset
-between calls or CUDA graph replays; every wait is bounded (``IRIS_SPIN_LIMIT``) and
+between calls or CUDA graph replays; every wait is bounded (``IRIS_WAIT_TIMEOUT``) and
 records a timeout naming the rank and its peer.
 
 A send returns once its last slot-full is in the receiver's mailbox: a message of up to one
@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from iris.mem.triton import Context
+from iris.mem.utils import global_timer
 
 from . import _comm, _host, _rooted
 from .config import Config, select
@@ -44,14 +45,13 @@ _SEQ, _ACK, _SENT, _RECEIVED = 0, 1, 2, 3
 
 @triton.jit
 def _wait_for(flag, target, budget, status, rank, peer):
-    """Spin (acquire, system scope) until the local int32 ``*flag >= target``, at most
-    ``budget`` times; record a timeout naming ``rank`` and ``peer`` and return False if it
+    """Spin (acquire, system scope) until the local int32 ``*flag >= target``, for at most
+    ``budget`` ns; record a timeout naming ``rank`` and ``peer`` and return False if it
     never does."""
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-    spins = target * 0
-    while (seen < target) & (spins < budget):
+    start = global_timer()
+    while (seen < target) & (global_timer() - start < budget):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-        spins += 1
     ok = seen >= target
     if not ok:
         record_timeout(status, rank, peer, flag)

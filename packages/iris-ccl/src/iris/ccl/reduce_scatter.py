@@ -3,8 +3,8 @@ chunk ``i`` of the input (like ``torch.distributed.reduce_scatter_tensor``).
 
 Variants (``Config.variant``):
 
-* ``ll`` / ``ll48``: no barrier: every 8-byte word on the link carries a flag with 32
-  (``ll``) or 48 (``ll48``) bits of data, and the receiver polls its own memory until the
+* ``ll``: no barrier: every 8-byte word on the link carries a flag beside 32 bits of
+  data, and the receiver polls its own memory until the
   flags of a tile are this launch's (:mod:`iris.ccl._ll`); for small messages. Any tensors.
 * ``boxed``: one barrier per launch; each rank stores what a member needs into a box on
   it and combines the boxes it received locally (:mod:`iris.ccl._boxed`). Any tensors.

@@ -13,7 +13,7 @@ from . import _env
 _env.configure_triton()
 
 from ._env import debug as debug_enabled  # noqa: E402
-from ._env import spin_limit  # noqa: E402
+from ._env import wait_budget_ns, wait_timeout  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .errors import DeviceWaitTimeout, HeapMismatchError, HeapPointerError, IrisError  # noqa: E402
 from .heap import SymmetricHeap, heap_of, init  # noqa: E402
@@ -28,5 +28,6 @@ __all__ = [
     "debug_enabled",
     "heap_of",
     "init",
-    "spin_limit",
+    "wait_budget_ns",
+    "wait_timeout",
 ]

@@ -14,10 +14,11 @@ Variables
     ``1`` turns on debug checks: every translated pointer is checked in the kernel to fall
     inside the target heap, every rank's allocation sequence is compared on the host, and
     iris.ccl compares every rank's collective arguments before each launch.
-``IRIS_SPIN_LIMIT``
-    Iteration budget of every device-side wait (default: 2**26 compiled, about a minute of
-    polling over NVLink; 2_000_000 in the interpreter, about half a minute there). A wait
-    that runs out reports an error instead of hanging.
+``IRIS_WAIT_TIMEOUT``
+    Seconds every device-side wait polls before it gives up and reports an error instead of
+    hanging (default 300, like ``IRIS_HOST_TIMEOUT``). Measured on the device's own clock
+    (``%globaltimer`` on GPUs, the host's monotonic clock in the interpreter), so a peer
+    that is late by a JIT compile or a checkpoint is waited for, whatever a poll costs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 
 BACKENDS = ("cpu", "cuda")
+DEFAULT_WAIT_TIMEOUT = 300.0
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -66,18 +68,25 @@ def debug() -> bool:
     return _flag("IRIS_DEBUG")
 
 
-def spin_limit() -> int:
-    """Iteration budget of device-side waits."""
-    value = os.environ.get("IRIS_SPIN_LIMIT", "").strip()
-    if value:
-        try:
-            limit = int(value)
-        except ValueError:
-            raise ValueError(f"IRIS_SPIN_LIMIT={value!r} is not an integer number of iterations") from None
-        if limit <= 0:
-            raise ValueError(f"IRIS_SPIN_LIMIT must be positive, got {limit}")
-        return limit
-    return 2_000_000 if interpreted() else 1 << 26
+def wait_timeout() -> float:
+    """Seconds a device-side wait polls before it gives up (``IRIS_WAIT_TIMEOUT``, default
+    300). Read at every launch."""
+    value = os.environ.get("IRIS_WAIT_TIMEOUT", "").strip()
+    if not value:
+        return DEFAULT_WAIT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"IRIS_WAIT_TIMEOUT={value!r} is not a number of seconds") from None
+    if not 0 < seconds < 1e9:  # also rejects nan and inf
+        raise ValueError(f"IRIS_WAIT_TIMEOUT must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def wait_budget_ns() -> int:
+    """:func:`wait_timeout` in nanoseconds, the ``budget`` argument of every waiting kernel
+    (compared with :func:`iris.mem.utils.global_timer` differences)."""
+    return max(1, round(wait_timeout() * 1e9))
 
 
 def configure_triton() -> None:

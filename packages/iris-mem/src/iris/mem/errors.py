@@ -12,7 +12,7 @@ class HeapMismatchError(IrisError):
 
 
 class DeviceWaitTimeout(IrisError):
-    """A device-side wait (barrier, flag) ran out of its spin budget."""
+    """A device-side wait (barrier, flag) gave up after ``IRIS_WAIT_TIMEOUT`` seconds."""
 
 
 class HeapPointerError(IrisError):

@@ -459,13 +459,13 @@ class SymmetricHeap:
         Every rank signals every peer with a release store at system scope and waits
         (acquire) until all peers have reached the same barrier generation. Generations
         are counted on the device, so no state needs resetting between calls or graph
-        replays. A wait that exceeds ``IRIS_SPIN_LIMIT`` iterations records an error that
+        replays. A wait longer than ``IRIS_WAIT_TIMEOUT`` seconds records an error that
         :meth:`check_device_errors` raises (at once on the CPU backend).
         """
         self._check_open()
         from .sync import launch_device_barrier
 
-        launch_device_barrier(self, _env.spin_limit())
+        launch_device_barrier(self, _env.wait_budget_ns())
         if self._backend.interpreted:
             self.check_device_errors()
 
@@ -480,8 +480,8 @@ class SymmetricHeap:
         self._status.zero_()
         if code == _STATUS_TIMEOUT:
             raise DeviceWaitTimeout(
-                f"rank {rank}: device_barrier gave up waiting for rank {peer} after IRIS_SPIN_LIMIT="
-                f"{_env.spin_limit()} spins (flag at address {address:#x}); rank {peer} did not reach the "
+                f"rank {rank}: device_barrier gave up waiting for rank {peer} after IRIS_WAIT_TIMEOUT="
+                f"{_env.wait_timeout():g} s (flag at address {address:#x}); rank {peer} did not reach the "
                 "barrier: check that every rank calls device_barrier() the same number of times"
             )
         raise DeviceWaitTimeout(f"rank {rank}: device-side wait failed with code {code} (peer {peer})")

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from .triton import ops
+from .utils import global_timer
 
 if TYPE_CHECKING:
     from .heap import SymmetricHeap
@@ -19,24 +20,23 @@ def _device_barrier_kernel(
     epoch_ptr,
     status,
     heap_bases,
-    max_spins,
+    budget,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
 ):
     """One program: bump the local generation, publish it in every peer's ``flags[RANK]``
     (release, system scope), then wait (acquire) until every ``flags[peer]`` here has
-    reached it. On running out of ``max_spins`` iterations, record
+    reached it. After ``budget`` ns of waiting for a peer (``IRIS_WAIT_TIMEOUT``), record
     ``[1, RANK, peer, flag address]`` in ``status`` and return."""
     epoch = tl.load(epoch_ptr) + 1
     tl.store(epoch_ptr, epoch)
     for peer in tl.static_range(WORLD):
         ops.atomic_max(flags + RANK, epoch, RANK, peer, heap_bases, sem="release", scope="sys")
     for peer in tl.static_range(WORLD):
-        spins = epoch * 0
         seen = tl.atomic_add(flags + peer, 0, sem="acquire", scope="sys")
-        while (seen < epoch) & (spins < max_spins):
+        start = global_timer()
+        while (seen < epoch) & (global_timer() - start < budget):
             seen = tl.atomic_add(flags + peer, 0, sem="acquire", scope="sys")
-            spins += 1
         if seen < epoch:
             timeout_code = tl.full([], 1, tl.int64)
             if tl.atomic_cas(status, timeout_code - 1, timeout_code, sem="relaxed", scope="gpu") == 0:
@@ -45,14 +45,14 @@ def _device_barrier_kernel(
                 tl.store(status + 3, (flags + peer).to(tl.int64, bitcast=True))
 
 
-def launch_device_barrier(heap: SymmetricHeap, max_spins: int) -> None:
+def launch_device_barrier(heap: SymmetricHeap, budget: int) -> None:
     """Queue the barrier kernel for ``heap`` on the current stream."""
     _device_barrier_kernel[(1,)](
         heap._barrier_flags,
         heap._barrier_epoch,
         heap._status,
         heap.get_heap_bases(),
-        max_spins,
+        budget,
         RANK=heap.rank,
         WORLD=heap.world_size,
     )

@@ -153,7 +153,7 @@ def launch(kernel, grid: int, ws: _workspace.Workspace, cfg: Config, *args, **me
         bufs["sync_flags"],
         bufs["epochs"],
         bufs["status"],
-        iris.mem.spin_limit(),
+        iris.mem.wait_budget_ns(),
         bufs["state"],
         *args,
         RANK=heap.rank,

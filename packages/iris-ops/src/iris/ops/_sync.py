@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from iris.ccl.triton import record_timeout
+from iris.mem.utils import global_timer
 
 GEN: tl.constexpr = tl.constexpr(0)
 EXITED: tl.constexpr = tl.constexpr(1)
@@ -72,13 +73,12 @@ def signal_count(ctx, flag, to_rank):
 @triton.jit
 def wait(ctx, group, flag, gen, peer):
     """Spin (acquire, system scope) until the local ``flag`` reaches ``gen``; record a
-    timeout naming ``peer`` (the rank expected to set it) after ``group.budget`` polls.
+    timeout naming ``peer`` (the rank expected to set it) after ``group.budget`` ns.
     Every thread reads after the wait."""
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-    spins = gen * 0
-    while (seen < gen) & (spins < group.budget):
+    start = global_timer()
+    while (seen < gen) & (global_timer() - start < group.budget):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-        spins += 1
     if seen < gen:
         record_timeout(group.status, ctx.rank, peer, flag)
     tl.debug_barrier()

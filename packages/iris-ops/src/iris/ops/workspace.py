@@ -77,10 +77,10 @@ class Workspace:
         if code:
             status.zero_()
             raise iris.mem.DeviceWaitTimeout(
-                f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} (flag at {address:#x}) "
-                f"after IRIS_SPIN_LIMIT={iris.mem.spin_limit()} spins; every rank of the group must call the "
-                "same op with the same shapes. The workspace is no longer consistent: close it and use a "
-                "new one"
+                f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} (flag at "
+                f"{address:#x}) after IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the "
+                "group must call the same op with the same shapes. The workspace is no longer consistent: "
+                "close it and use a new one"
             )
 
     def __repr__(self) -> str:

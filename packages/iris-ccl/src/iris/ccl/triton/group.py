@@ -15,7 +15,7 @@ class Group:
 
     Fields: ``members`` (pointer to the members' heap ranks, int32), ``flags`` and
     ``epochs`` (sync state on the heap, see :func:`group_sync`), ``status`` (int64[4]
-    timeout record), ``budget`` (spins per wait), ``size`` and ``index`` (this rank's
+    timeout record), ``budget`` (ns per wait, ``IRIS_WAIT_TIMEOUT``), ``size`` and ``index`` (this rank's
     position in ``members``), both constexpr.
     """
 

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from iris.mem import _env
+from iris.mem.utils import global_timer
 
 if _env.interpreted():
 
@@ -51,7 +52,7 @@ def group_sync(
     :param members: pointer to the members' heap ranks (int32, ``GROUP`` entries).
     :param flags: ``[slots, GROUP]`` int32 on the heap; ``epochs``: ``[slots]`` int32 on the heap.
     :param status: int64 ``[4]`` on the heap: ``[code, rank, peer, flag address]`` of a timeout.
-    :param budget: spin iterations per peer before giving up.
+    :param budget: nanoseconds to wait for each peer before giving up (``IRIS_WAIT_TIMEOUT``).
     :param FENCE: fence every thread first (``fence.acq_rel.sys``, 2-3 us on H200): every
         remote store and load this program issued since the last barrier is performed
         before the peers hear of it. Needed after remote stores the peers read once they
@@ -72,10 +73,9 @@ def group_sync(
         ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
     for i in tl.static_range(GROUP):
         seen = tl.atomic_add(row + i, 0, sem="acquire", scope="sys")
-        spins = epoch * 0
-        while (seen < epoch) & (spins < budget):
+        start = global_timer()
+        while (seen < epoch) & (global_timer() - start < budget):
             seen = tl.atomic_add(row + i, 0, sem="acquire", scope="sys")
-            spins += 1
         if seen < epoch:
             record_timeout(status, ctx.rank, tl.load(members + i), row + i)
     tl.debug_barrier()  # every thread reads after the acquire above

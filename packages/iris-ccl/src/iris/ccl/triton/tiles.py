@@ -10,6 +10,8 @@ this rank's heap and translated by ``ctx``.
 import triton
 import triton.language as tl
 
+from iris.mem.utils import global_timer
+
 from .sync import combine, record_timeout, thread_fence
 
 
@@ -172,10 +174,11 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
     group.sync(ctx, slot)
     for i in tl.static_range(group.size):
         peer = group.rank((group.index + i) % group.size)
-        spins = slot * 0
-        while (ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys") != 0) & (spins < group.budget):
-            spins += 1
-        if spins < group.budget:
+        held = ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys")
+        start = global_timer()
+        while (held != 0) & (global_timer() - start < group.budget):
+            held = ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys")
+        if held == 0:
             tl.debug_barrier()
             thread_fence()  # no thread reads the accumulator before the lock is held
             old = ctx.load(acc + offs, peer, mask=mask, other=0, volatile=True)
