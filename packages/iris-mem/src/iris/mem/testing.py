@@ -87,6 +87,10 @@ def _worker(
         dist.barrier()
         try:
             value = fn(rank, world_size, *args, **kwargs)
+            # The rank's queued GPU work is part of its result: os._exit below would kill
+            # kernels still in flight (a send whose receiver has not caught up yet).
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
         finally:
             dist.destroy_process_group()
         outcome = {"value": value}
@@ -114,7 +118,8 @@ def launch_world(
 ) -> list[RankResult]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` new processes.
 
-    :param fn: a module-level (picklable) function.
+    :param fn: a module-level (picklable) function. A rank's result is taken after its
+        current CUDA device has finished the work ``fn`` queued.
     :param timeout: seconds until every rank still running is killed (SIGKILL).
     :param env: extra environment variables for the ranks (set before ``fn`` runs, so
         variables read at import, like ``IRIS_DEBUG``, take effect in modules ``fn``

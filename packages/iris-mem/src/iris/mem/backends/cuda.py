@@ -20,7 +20,10 @@ import socket
 import torch
 
 from ..bootstrap import Communicator
+from ..log import get_logger
 from . import Backend
+
+_log = get_logger(__name__)
 
 _IPC_HANDLE_BYTES = 64
 _IPC_LAZY_ENABLE_PEER_ACCESS = 1
@@ -228,6 +231,15 @@ class CudaBackend(Backend):
         torch.cuda.synchronize(self._device)
 
     def close(self) -> None:
+        # Kernels still queued may use the peer mappings (a send waiting for its receiver):
+        # let them finish first. A device already in an error state raises here; the
+        # mappings are released all the same.
+        try:
+            torch.cuda.synchronize(self._device)
+        except Exception:  # noqa: BLE001
+            _log.warning(
+                "close: the device did not synchronise; releasing the mappings anyway", exc_info=True
+            )
         # The local heap is freed when the last tensor viewing it is gone; peer mappings are
         # closed now (views from heap_bytes, kept by peer_tensor results, must not outlive it).
         local, peers = (self._memories[0], self._memories[1:]) if self._memories else (None, [])
