@@ -111,6 +111,31 @@ def test_unknown_backend_in_environment():
     assert done.returncode != 0 and "IRIS_BACKEND='tpu'" in done.stderr
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e400"])
+def test_bad_timeouts_name_the_variable(monkeypatch, value):
+    import iris.mem
+    from iris.mem import bootstrap
+
+    for name, read in (
+        ("IRIS_WAIT_TIMEOUT", iris.mem.wait_timeout),
+        ("IRIS_HOST_TIMEOUT", bootstrap.host_timeout),
+    ):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=name):
+            read()
+
+
+def test_wait_timeout_is_seconds_and_kernels_get_nanoseconds(monkeypatch):
+    import iris.mem
+
+    monkeypatch.delenv("IRIS_WAIT_TIMEOUT", raising=False)
+    assert iris.mem.wait_timeout() == 300.0 and iris.mem.wait_budget_ns() == 300 * 10**9
+    monkeypatch.setenv("IRIS_WAIT_TIMEOUT", " 0.25 ")
+    assert iris.mem.wait_timeout() == 0.25 and iris.mem.wait_budget_ns() == 250_000_000
+    monkeypatch.setenv("IRIS_WAIT_TIMEOUT", "1e300")  # capped to what an int64 holds
+    assert iris.mem.wait_budget_ns() == 4 * 10**18
+
+
 def test_no_package_puts_a_file_directly_under_src_iris():
     packages = sorted((REPO / "packages").glob("*/src/iris"))
     assert packages, "no packages found"

@@ -8,14 +8,13 @@ on first use, collectively) and copies the caller's tensors through its staging 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.mem import SymmetricHeap
+from iris.mem import SymmetricHeap, _env
 from iris.mem.log import get_logger
 
 from .config import MAX_PROGRAMS
@@ -30,16 +29,7 @@ _STATUS_WORDS = 4
 
 
 def _env_bytes(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        nbytes = int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of bytes") from None
-    if nbytes <= 0:
-        raise ValueError(f"{name} must be positive, got {nbytes}")
-    return nbytes
+    return _env.positive_number(name, default, int, "bytes")
 
 
 def staging_bytes(backend: str) -> int:

@@ -68,25 +68,32 @@ def debug() -> bool:
     return _flag("IRIS_DEBUG")
 
 
+def positive_number(name: str, default, convert=float, unit: str = "seconds"):
+    """The positive, finite number in the environment variable ``name`` read by ``convert``
+    (``default`` when it is unset or blank); a ValueError naming the variable otherwise."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = convert(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of {unit}") from None
+    if not 0 < number < float("inf"):  # also rejects nan
+        raise ValueError(f"{name} must be a positive number of {unit}, got {value!r}")
+    return number
+
+
 def wait_timeout() -> float:
     """Seconds a device-side wait polls before it gives up (``IRIS_WAIT_TIMEOUT``, default
     300). Read at every launch."""
-    value = os.environ.get("IRIS_WAIT_TIMEOUT", "").strip()
-    if not value:
-        return DEFAULT_WAIT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"IRIS_WAIT_TIMEOUT={value!r} is not a number of seconds") from None
-    if not 0 < seconds < 1e9:  # also rejects nan and inf
-        raise ValueError(f"IRIS_WAIT_TIMEOUT must be a positive number of seconds, got {value!r}")
-    return seconds
+    return positive_number("IRIS_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT)
 
 
 def wait_budget_ns() -> int:
     """:func:`wait_timeout` in nanoseconds, the ``budget`` argument of every waiting kernel
-    (compared with :func:`iris.mem.utils.global_timer` differences)."""
-    return max(1, round(wait_timeout() * 1e9))
+    (compared with :func:`iris.mem.utils.global_timer` differences); at most 4e18 (127
+    years), so it fits the kernels' int64."""
+    return max(1, round(min(wait_timeout(), 4e9) * 1e9))
 
 
 def configure_triton() -> None:

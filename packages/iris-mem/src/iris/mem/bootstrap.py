@@ -15,17 +15,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import _env
+
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 300.0
 
 
 def host_timeout() -> datetime.timedelta:
     """Timeout of host-side rendezvous and collectives (``IRIS_HOST_TIMEOUT`` seconds)."""
-    value = os.environ.get("IRIS_HOST_TIMEOUT", "").strip()
-    seconds = float(value) if value else DEFAULT_TIMEOUT_S
-    if seconds <= 0:
-        raise ValueError(f"IRIS_HOST_TIMEOUT must be positive, got {value!r}")
-    return datetime.timedelta(seconds=seconds)
+    return datetime.timedelta(seconds=_env.positive_number("IRIS_HOST_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
 def ensure_initialized(backend: str) -> bool:
