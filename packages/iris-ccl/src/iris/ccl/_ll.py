@@ -80,37 +80,31 @@ def _int_type(bits):
 
 
 @triton.jit
-def _to_units(x, UNIT: tl.constexpr):
-    """The bytes of ``x`` (1, 2, 4 or 8-byte elements) as integers of type ``UNIT`` (16 or
-    32 bits), in memory order: narrower elements paired, wider ones split."""
+def _to_words(x):
+    """The bytes of ``x`` (1, 2, 4 or 8-byte elements) as int32 words, in memory order:
+    narrower elements paired (bytes twice), 8-byte ones split."""
     BITS: tl.constexpr = x.dtype.primitive_bitwidth
-    U: tl.constexpr = UNIT.primitive_bitwidth
     v = x.to(_int_type(BITS), bitcast=True)
-    if BITS < U:
-        v = _pair(v, _int_type(2 * BITS))
-        if 2 * BITS < U:
-            v = _pair(v, UNIT)
-    elif BITS > U:
-        v = _unpair(v, _int_type(BITS // 2))
-        if BITS // 2 > U:
-            v = _unpair(v, UNIT)
+    if BITS == 8:
+        v = _pair(v, tl.int16)
+    if BITS <= 16:
+        v = _pair(v, tl.int32)
+    elif BITS == 64:
+        v = _unpair(v, tl.int32)
     return v
 
 
 @triton.jit
-def _from_units(units, ELEM: tl.constexpr):
-    """Inverse of :func:`_to_units`: integers of 16 or 32 bits as elements of type ``ELEM``."""
+def _from_words(words, ELEM: tl.constexpr):
+    """Inverse of :func:`_to_words`: int32 words as elements of type ``ELEM``."""
     BITS: tl.constexpr = ELEM.primitive_bitwidth
-    U: tl.constexpr = units.dtype.primitive_bitwidth
-    v = units
-    if BITS > U:
-        v = _pair(v, _int_type(2 * U))
-        if 2 * U < BITS:
-            v = _pair(v, _int_type(BITS))
-    elif BITS < U:
-        v = _unpair(v, _int_type(U // 2))
-        if U // 2 > BITS:
-            v = _unpair(v, _int_type(BITS))
+    v = words
+    if BITS == 64:
+        v = _pair(v, tl.int64)
+    elif BITS <= 16:
+        v = _unpair(v, tl.int16)
+        if BITS == 8:
+            v = _unpair(v, tl.int8)
     return v.to(ELEM, bitcast=True)
 
 
@@ -137,7 +131,7 @@ def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def _received(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr, ELEM: tl.constexpr):
     """The tile member ``peer`` stored at ``box`` (elements of ``ELEM``), once it has arrived."""
-    return _from_units(_receive(box, flag, ctx, group, peer, BLOCK).to(tl.int32), ELEM)
+    return _from_words(_receive(box, flag, ctx, group, peer, BLOCK).to(tl.int32), ELEM)
 
 
 @triton.jit
@@ -167,7 +161,7 @@ def _ll_kernel(
             j = (ME + k) % GROUP
             offs = t * TILE + tl.arange(0, TILE)
             x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=offs < n)
-            line = (_to_units(x, tl.int32).to(tl.int64) & 0xFFFFFFFF) | (flag.to(tl.int64) << 32)
+            line = (_to_words(x).to(tl.int64) & 0xFFFFFFFF) | (flag.to(tl.int64) << 32)
             ctx.store(bank + ME * box_stride + words, line, group.rank(j), hint=16)
         t += tl.num_programs(0)
     own = src + tl.cast(ME, tl.int64) * src_stride
