@@ -326,6 +326,13 @@ def _candidates(op: str, m: int, world: int):
             tile = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
             out.append(iris.ops.Config(**tile, tma=tma))
     out += [iris.ops.Config(group_m=g) for g in (4, 16)]
+    if rows > 128 and DEVICE == "cuda":
+        # Two programs per SM (tiles small enough for two to fit: 96 KiB of shared memory,
+        # 4 warps): one program's epilogue (its stores to peers, its waits) overlaps the
+        # other's K loop, which the kernels cannot do within one program.
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        tile = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, tma=True)
+        out += [iris.ops.Config(**tile, num_sms=min(2 * sms, iris.ops.config.MAX_PROGRAMS))]
     if op == "matmul_all_reduce":
         out += [iris.ops.Config(split="m"), iris.ops.Config(split="n")]
     if op == "all_gather_matmul":
