@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from iris.mem.triton import Context
-from iris.mem.utils import global_timer
+from iris.mem.utils import wait_at_least
 
 from . import _comm, _host, _rooted
 from .config import Config, select
@@ -48,11 +48,7 @@ def _wait_for(flag, target, budget, status, rank, peer):
     """Spin (acquire, system scope) until the local int32 ``*flag >= target``, for at most
     ``budget`` ns; record a timeout naming ``rank`` and ``peer`` and return False if it
     never does."""
-    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-    start = global_timer()
-    while (seen < target) & (global_timer() - start < budget):
-        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-    ok = seen >= target
+    ok = wait_at_least(flag, target, budget) >= target
     if not ok:
         record_timeout(status, rank, peer, flag)
     return ok

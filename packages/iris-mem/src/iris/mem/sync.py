@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .triton import ops
-from .utils import global_timer
+from .utils import wait_at_least
 
 if TYPE_CHECKING:
     from .heap import SymmetricHeap
@@ -33,11 +33,7 @@ def _device_barrier_kernel(
     for peer in tl.static_range(WORLD):
         ops.atomic_max(flags + RANK, epoch, RANK, peer, heap_bases, sem="release", scope="sys")
     for peer in tl.static_range(WORLD):
-        seen = tl.atomic_add(flags + peer, 0, sem="acquire", scope="sys")
-        start = global_timer()
-        while (seen < epoch) & (global_timer() - start < budget):
-            seen = tl.atomic_add(flags + peer, 0, sem="acquire", scope="sys")
-        if seen < epoch:
+        if wait_at_least(flags + peer, epoch, budget) < epoch:
             timeout_code = tl.full([], 1, tl.int64)
             if tl.atomic_cas(status, timeout_code - 1, timeout_code, sem="relaxed", scope="gpu") == 0:
                 tl.store(status + 1, RANK)

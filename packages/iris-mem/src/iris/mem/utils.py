@@ -1,4 +1,5 @@
-"""Device intrinsics for Triton kernels: a global clock and the id of the running SM.
+"""Device intrinsics for Triton kernels: a global clock, the id of the running SM, and the
+bounded flag wait every waiting kernel of Iris is built on.
 
 Compiled for NVIDIA GPUs they read PTX special registers; in Triton's interpreter (the
 ``cpu`` backend), where inline assembly cannot run, they read the host instead. Which
@@ -12,6 +13,9 @@ version a kernel gets is decided when this module is imported, like the rest of
     machine.
 ``sm_id()``
     int32 id of the SM running the program (``%smid``); -1 in the interpreter.
+``wait_at_least(flag, target, budget)``
+    Poll a local flag (acquire, system scope) until it reaches ``target`` or ``budget`` ns
+    of ``global_timer()`` have passed; returns the last value read.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import triton.language as tl
 
 from . import _env
 
-__all__ = ["global_timer", "sm_id"]
+__all__ = ["global_timer", "sm_id", "wait_at_least"]
 
 if _env.interpreted():
 
@@ -55,3 +59,17 @@ else:
         return tl.inline_asm_elementwise(
             "mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
         )
+
+
+@triton.jit
+def wait_at_least(flag, target, budget):
+    """Poll the local integer ``*flag`` (acquire, system scope: what its writer released
+    before raising it is visible after) until it is at least ``target`` or ``budget`` ns of
+    :func:`global_timer` have passed (``iris.mem.wait_budget_ns()``, from
+    ``IRIS_WAIT_TIMEOUT``). Returns the last value read: below ``target`` when the wait
+    gave up, which the caller reports."""
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    start = global_timer()
+    while (seen < target) & (global_timer() - start < budget):
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    return seen

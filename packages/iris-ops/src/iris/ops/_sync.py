@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from iris.ccl.triton import record_timeout
-from iris.mem.utils import global_timer
+from iris.mem.utils import wait_at_least
 
 GEN: tl.constexpr = tl.constexpr(0)
 EXITED: tl.constexpr = tl.constexpr(1)
@@ -75,11 +75,7 @@ def wait(ctx, group, flag, gen, peer):
     """Spin (acquire, system scope) until the local ``flag`` reaches ``gen``; record a
     timeout naming ``peer`` (the rank expected to set it) after ``group.budget`` ns.
     Every thread reads after the wait."""
-    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-    start = global_timer()
-    while (seen < gen) & (global_timer() - start < group.budget):
-        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-    if seen < gen:
+    if wait_at_least(flag, gen, group.budget) < gen:
         record_timeout(group.status, ctx.rank, peer, flag)
     tl.debug_barrier()
 

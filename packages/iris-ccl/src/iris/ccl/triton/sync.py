@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from iris.mem import _env
-from iris.mem.utils import global_timer
+from iris.mem.utils import wait_at_least
 
 if _env.interpreted():
 
@@ -72,11 +72,7 @@ def group_sync(
     for i in tl.static_range(GROUP):
         ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
     for i in tl.static_range(GROUP):
-        seen = tl.atomic_add(row + i, 0, sem="acquire", scope="sys")
-        start = global_timer()
-        while (seen < epoch) & (global_timer() - start < budget):
-            seen = tl.atomic_add(row + i, 0, sem="acquire", scope="sys")
-        if seen < epoch:
+        if wait_at_least(row + i, epoch, budget) < epoch:
             record_timeout(status, ctx.rank, tl.load(members + i), row + i)
     tl.debug_barrier()  # every thread reads after the acquire above
 
