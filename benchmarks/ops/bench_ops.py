@@ -23,8 +23,11 @@ Shapes are ``(M, N, K)`` with M the rows of the full output: matmul_all_reduce m
 then multiplies by ``(K, N)``; matmul_reduce_scatter multiplies ``(M, K) @ (K, N)`` and
 keeps ``M/G`` rows; matmul_all_gather multiplies ``(M/G, K) @ (K, N)`` and gathers.
 Times are device times from CUDA events around replays of a CUDA graph of several calls
-(eager launches where a baseline cannot be captured), median over repetitions per rank,
-maximum over ranks. Prints a table with ratios; writes results.json (and PNGs with --plot).
+(eager launches where a baseline cannot be captured), the contenders of one op and shape
+timed in interleaved rounds (``benchmarks/bench_timing.py``), median over the rounds per
+rank, maximum over ranks. Prints a table with ratios; writes results.json (and PNGs with --plot).
+``bound`` is (matmul + NCCL) / matmul: the most any fused op can gain over matmul + NCCL
+with a GEMM as fast as torch.matmul's and all of the communication hidden.
 ``--tune`` tries a few Configs per op and shape and prints the fastest. ``--smoke`` runs the
 whole script on the CPU backend (gloo, tiny shapes, wall-clock times) to check it without GPUs.
 """
@@ -35,12 +38,14 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
 SHAPES = [(8192, 8192, 4096), (1024, 8192, 4096), (16384, 3584, 8192)]
 DECODE = [(m, 8192, 4096) for m in (1, 16, 64, 128)]
@@ -70,71 +75,6 @@ DECODE_TILES = [
 
 #: Where the run's tensors live: "cuda", or "cpu" with --smoke.
 DEVICE = "cuda"
-
-
-def _wall_us(fn, reps: int) -> float:
-    """--smoke: median wall-clock time of one ``fn()`` (max over ranks)."""
-    fn()
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    t = torch.tensor([statistics.median(samples)], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def _time_us(fn, reps: int) -> float:
-    """Median device time of one ``fn()`` in microseconds (max over ranks), from replays of
-    a CUDA graph of several calls; eager launches if ``fn`` cannot be captured."""
-    if DEVICE == "cpu":
-        return _wall_us(fn, reps)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()  # warm-up: compile, make workspaces, outside any capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    calls = max(1, min(20, int(2000 / max(start.elapsed_time(end) * 1000, 1.0))))
-    # Every rank must make the same number of calls: the fused ops count calls (generations)
-    # on the device, and a rank that made one more would wait for its peer until the budget.
-    agreed = torch.tensor([calls], device=DEVICE)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-    calls = int(agreed.item())
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        torch.cuda.synchronize()
-        replay = graph.replay
-    except Exception:  # noqa: BLE001 - not capturable: time eager launches instead
-        torch.cuda.synchronize()
-        graph = None
-
-        def replay():
-            for _ in range(calls):
-                fn()
-
-    samples = []
-    for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / calls)
-    t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 @dataclasses.dataclass
@@ -287,21 +227,28 @@ def run(bench: Bench, ops, shapes, reps: int) -> tuple[list[dict], list[str]]:
                 continue
             what = f"{op} M={m} N={n} K={k}"
             fused = case.fused(None)
-            if (problem := _check(fused, case, what)) is not None:
-                failures.append(problem)
+            problem = _check(fused, case, what)
+            if any_rank([problem is not None])[0]:
+                failures.append(problem or f"{what}: wrong result on another rank")
                 continue
-            times = {"iris": _time_us(fused, reps)}
+            fns = {"iris": fused}
             for name in ("alone", "nccl", "matmul", "symm"):
-                fn = getattr(case, name)
-                if fn is not None:
-                    try:
-                        times["iris_gemm" if name == "alone" else name] = _time_us(fn, reps)
-                    except Exception as e:  # noqa: BLE001 - a baseline that fails is reported, not fatal
-                        if bench.rank == 0:
-                            print(f"{what}: {name} failed: {type(e).__name__}: {e}"[:300], flush=True)
+                if (fn := getattr(case, name)) is not None:
+                    fns["iris_gemm" if name == "alone" else name] = fn
+            errors: dict[str, str] = {}
+            times = interleaved_us(fns, reps, errors=errors)
+            for name, error in errors.items():  # a baseline that fails is reported, not fatal
+                if bench.rank == 0:
+                    print(f"{what}: {name} failed: {error}"[:300], flush=True)
+            if "iris" not in times:
+                failures.append(f"{what}: {errors['iris']}")
+                continue
             row = {"op": op, "M": m, "N": n, "K": k, "times_us": times}
             row["nccl_over_iris"] = times["nccl"] / times["iris"]
             row["iris_over_matmul"] = times["iris"] / times["matmul"]
+            # What a fused op could reach at most against matmul + NCCL: a GEMM as fast as
+            # torch.matmul's with all of the communication hidden under it.
+            row["bound"] = times["nccl"] / times["matmul"]
             if "symm" in times:
                 row["symm_over_iris"] = times["symm"] / times["iris"]
             rows.append(row)
@@ -326,13 +273,6 @@ def _candidates(op: str, m: int, world: int):
             tile = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
             out.append(iris.ops.Config(**tile, tma=tma))
     out += [iris.ops.Config(group_m=g) for g in (4, 16)]
-    if rows > 128 and DEVICE == "cuda":
-        # Two programs per SM (tiles small enough for two to fit: 96 KiB of shared memory,
-        # 4 warps): one program's epilogue (its stores to peers, its waits) overlaps the
-        # other's K loop, which the kernels cannot do within one program.
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        tile = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, tma=True)
-        out += [iris.ops.Config(**tile, num_sms=min(2 * sms, iris.ops.config.MAX_PROGRAMS))]
     if op == "matmul_all_reduce":
         out += [iris.ops.Config(split="m"), iris.ops.Config(split="n")]
     if op == "all_gather_matmul":
@@ -359,19 +299,29 @@ def tune(bench: Bench, ops, shapes, reps: int) -> list[dict]:
             case = bench.case(op, m, n, k)
             if case is None:
                 continue
-            timed = []
+            fns, problems = {}, {}
             for config in candidates:
+                fused = None
                 try:
                     fused = case.fused(config)
                     problem = _check(fused, case, f"{op} {config}")
-                    t = _time_us(fused, reps) if problem is None else float("inf")
                 except Exception as e:  # noqa: BLE001 - a config that fails to compile or run
-                    problem, t = f"{type(e).__name__}: {e}"[:200], float("inf")
-                timed.append((t, _short(config), problem))
-                if bench.rank == 0:
-                    print(
-                        f"  {op} M={m} N={n} K={k} {_short(config)}: {t:.1f} us {problem or ''}", flush=True
-                    )
+                    problem = f"{type(e).__name__}: {e}"[:200]
+                fns[_short(config)] = fused
+                if problem is not None:
+                    problems[_short(config)] = problem
+            for name, bad in zip(list(fns), any_rank([name in problems for name in fns])):
+                if bad:
+                    problems.setdefault(name, "failed on another rank")
+                    del fns[name]
+            # Every candidate that passed, timed in interleaved rounds (no place in the order
+            # is favoured); those failing on any rank are left out on all.
+            times = interleaved_us(fns, reps, errors=problems)
+            names = [_short(config) for config in candidates]
+            timed = [(times.get(name, float("inf")), name, problems.get(name)) for name in names]
+            if bench.rank == 0:
+                for t, name, problem in timed:
+                    print(f"  {op} M={m} N={n} K={k} {name}: {t:.1f} us {problem or ''}", flush=True)
             best = min(timed)
             results.append(
                 {"op": op, "M": m, "N": n, "K": k, "best_us": best[0], "best": best[1], "all": timed}
@@ -456,14 +406,15 @@ def _report(rows, failures, args, world) -> None:
     print(f"\n# iris.ops vs torch.matmul + NCCL, {args.dtype}, {world} x {meta['gpus'][0]} ({meta})")
     columns = ("iris", "iris_gemm", "nccl", "matmul", "symm")
     header = (
-        "iris | iris GEMM alone | matmul+NCCL | matmul | symm fused | NCCL/iris | symm/iris | iris/matmul"
+        "iris | iris GEMM alone | matmul+NCCL | matmul | symm fused | NCCL/iris | bound | symm/iris"
+        " | iris/matmul"
     )
     print(f"| op | M | N | K | {header} |")
-    print("|---" * 12 + "|")
+    print("|---" * 13 + "|")
     for r in rows:
         cells = " | ".join(f"{r['times_us'][c]:.1f}" if c in r["times_us"] else "-" for c in columns)
         symm = f"{r['symm_over_iris']:.2f}" if "symm_over_iris" in r else "-"
-        ratios = f"{r['nccl_over_iris']:.2f} | {symm} | {r['iris_over_matmul']:.2f}"
+        ratios = f"{r['nccl_over_iris']:.2f} | {r['bound']:.2f} | {symm} | {r['iris_over_matmul']:.2f}"
         print(f"| {r['op']} | {r['M']} | {r['N']} | {r['K']} | {cells} | {ratios} |")
     if failures:
         print("\nFAILED checks (not timed):\n  " + "\n  ".join(failures))

@@ -1,0 +1,148 @@
+"""Fair device timing of several contenders, shared by the benchmarks of ``benchmarks/``.
+
+``interleaved_us`` times a dict of callables the same way: each is warmed up (compiled, its
+workspaces made), captured in a CUDA graph of a few calls (eager launches where it cannot
+be captured), every graph is replayed once more to bring the clocks up, and then the
+contenders are timed in rounds, one replay each per round with the starting contender
+rotating from round to round. So a contender is neither favoured nor penalised by its
+place in the list (the first one timed after an idle GPU used to run 15-20% slow on H200),
+and drift of the clocks over a run spreads over all of them. Result: per contender, the
+median over the rounds of the device time of one call (CUDA events), maximum over ranks.
+
+Every rank must pass the same contenders in the same order: the ranks agree on the number
+of calls per graph and on which contenders failed (those are left out everywhere), so the
+collectives inside the contenders stay matched.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def any_rank(flags: list[bool]) -> list[bool]:
+    """``flags`` or-ed over the ranks (which contenders failed a check on some rank), so
+    every rank leaves out the same ones."""
+    return [bool(v) for v in _agree([float(f) for f in flags], dist.ReduceOp.MAX)]
+
+
+def _agree(values: list[float], op) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=_device())
+    if dist.is_initialized():
+        dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def _device() -> str:
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
+class _Contender:
+    """One callable, warmed up and, on CUDA, captured in a graph of ``calls`` calls."""
+
+    def __init__(self, fn: Callable[[], object], calls: int, cuda: bool):
+        self.fn, self.calls, self.cuda = fn, calls, cuda
+        self.graph = None
+        if cuda:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    for _ in range(calls):
+                        fn()
+                torch.cuda.synchronize()
+                self.graph = graph
+            except Exception:  # noqa: BLE001 - not capturable: time eager launches instead
+                torch.cuda.synchronize()
+
+    def replay(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            for _ in range(self.calls):
+                self.fn()
+
+    def sample_us(self) -> float:
+        """Time per call of one replay."""
+        dist.barrier()
+        if not self.cuda:
+            start = time.perf_counter()
+            self.replay()
+            return (time.perf_counter() - start) * 1e6 / self.calls
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / self.calls
+
+
+def _warm_up(fn: Callable[[], object], cuda: bool) -> float:
+    """Two calls (compile, workspaces), outside any capture, then the time of a third (us)."""
+    if not cuda:
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0
+
+
+def interleaved_us(
+    fns: dict[str, Callable[[], object]],
+    reps: int,
+    *,
+    calls: int | None = None,
+    graph_us: float = 2000.0,
+    errors: dict[str, str] | None = None,
+) -> dict[str, float]:
+    """Median device time of one call of each of ``fns`` in microseconds, maximum over the
+    ranks, from ``reps`` interleaved rounds (see the module docstring).
+
+    ``calls``: calls per graph; None chooses per contender from a timed call, enough for
+    about ``graph_us`` per replay (1-20). A contender that raises while it is warmed up or
+    captured on any rank is left out of the result on every rank, with its error (this
+    rank's, or a note that another rank failed) in ``errors`` if given.
+    """
+    cuda = _device() == "cuda"
+    ready: dict[str, _Contender] = {}
+    for name, fn in fns.items():
+        problem, count = None, 0
+        try:
+            took = _warm_up(fn, cuda)
+            count = calls or max(1, min(20, int(graph_us / max(took, 1.0))))
+        except Exception as e:  # noqa: BLE001 - a contender that fails is reported, not fatal
+            problem = f"{type(e).__name__}: {e}"
+        # Same calls on every rank (the fused ops count calls on the device); skipped everywhere
+        # if any rank failed.
+        agreed_calls, failed = _agree([-float(count), float(problem is not None)], dist.ReduceOp.MAX)
+        if failed:
+            if errors is not None:
+                errors[name] = problem or "failed on another rank"
+            continue
+        ready[name] = _Contender(fn, int(-agreed_calls), cuda)
+    for contender in ready.values():  # clocks up, caches warm
+        contender.replay()
+    names = list(ready)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(reps):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            samples[name].append(ready[name].sample_us())
+    medians = _agree([statistics.median(samples[name]) for name in names], dist.ReduceOp.MAX)
+    return dict(zip(names, medians))
