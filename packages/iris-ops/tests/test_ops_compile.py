@@ -67,13 +67,16 @@ def _flags(even_k: bool, bias: bool, split_n: bool, gather_k: bool, tma: bool = 
 
 #: Operands read through tensor descriptors when a profile turns TMA on: (name, block dims).
 DESCRIPTORS = {"a_desc": ("block_m", "block_k"), "b_desc": ("block_k", "block_n")}
-#: (name, dtype, rows, cols of the output tiles, flags) per profile.
+#: (name, dtype, rows, cols of the output tiles, flags[, wide]) per profile.
 PROFILES = [
     ("bf16 prefill", "bf16", 8192, 8192, _flags(True, True, False, False)),
     ("fp16 decode", "fp16", 64, 8192, _flags(True, False, True, True)),
     ("fp32 tf32", "fp32", 1024, 4096, _flags(False, True, False, True)),
     ("bf16 TMA", "bf16", 8192, 8192, _flags(False, False, True, False, tma=True)),
     ("bf16 decode gathered", "bf16", 16, 8192, {**_flags(True, True, False, False), "COMBINED": True}),
+    # Few tiles per SM with wide=True (all_gather_matmul, matmul_reduce_scatter): 128x256x64,
+    # 4 stages, the largest shared-memory footprint of the table.
+    ("bf16 TMA wide", "bf16", 512, 8192, _flags(False, False, True, False, tma=True), True),
 ]
 COMMON = {
     "RANK": 1,
@@ -201,8 +204,8 @@ def child_main() -> dict:
     kernels, failures = discover()
     compiled: dict[str, int] = {}
     for qualname, fn in kernels:
-        for label, dtype, rows, cols, extra in PROFILES:
-            cfg = select(rows, cols, dtypes[dtype], SMS, False, None)
+        for label, dtype, rows, cols, extra, *wide in PROFILES:
+            cfg = select(rows, cols, dtypes[dtype], SMS, False, None, wide=bool(wide))
             constexprs = {
                 **COMMON, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                 "GROUP_M": cfg.group_m,

@@ -116,9 +116,9 @@ def interpreted(device: torch.device) -> bool:
     return bool(_gemm.INTERPRETED) or device.type != "cuda"
 
 
-def resolve(rows: int, cols: int, a: torch.Tensor, config: Config | None) -> Config:
-    """The config to run, for output tiles over ``rows x cols``."""
-    return select(rows, cols, a.dtype, device_sms(a.device), interpreted(a.device), config)
+def resolve(rows: int, cols: int, a: torch.Tensor, config: Config | None, wide: bool = False) -> Config:
+    """The config to run, for output tiles over ``rows x cols`` (``wide``: see ``select``)."""
+    return select(rows, cols, a.dtype, device_sms(a.device), interpreted(a.device), config, wide)
 
 
 def heap_of(out: torch.Tensor, ranks: tuple[int, ...]):

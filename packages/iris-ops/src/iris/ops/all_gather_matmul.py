@@ -237,7 +237,7 @@ def all_gather_matmul(
     _host.check_bias(op, bias, n)
     if a_shard.stride() != (ks, 1):
         a_shard = a_shard.contiguous()
-    cfg = _host.resolve(m, n, a_shard, config)
+    cfg = _host.resolve(m, n, a_shard, config, wide=True)
     row_blocks = _host.cdiv(ms, cfg.block_m)
     specs = [("ready", size * row_blocks, torch.int32), ("shards", size * ms * ks, a_shard.dtype)]
     shapes = (tuple(a_shard.shape), tuple(b.shape), tuple(out.shape))

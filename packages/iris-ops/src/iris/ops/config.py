@@ -83,14 +83,22 @@ def check_config(config: object) -> None:
 
 
 def select(
-    rows: int, cols: int, dtype: torch.dtype, device_sms: int, interpreted: bool, config: Config | None
+    rows: int,
+    cols: int,
+    dtype: torch.dtype,
+    device_sms: int,
+    interpreted: bool,
+    config: Config | None,
+    wide: bool = False,
 ) -> Config:
     """``config`` with every field left to choose filled in, for output tiles covering
     ``rows x cols`` (per owner or per shard where the op splits them) of ``dtype``.
 
     The table is the best known on Hopper (H200), measured with ``bench_ops.py --tune``:
-    128x256x64 tiles, 8 warps, 3 stages, read through TMA, for large 16-bit GEMMs (128x128x64,
-    4 stages when that leaves fewer than two tiles per SM); for decode shapes (M <= 128, bound
+    128x256x64 tiles, 8 warps, 3 stages, read through TMA, for large 16-bit GEMMs; when that
+    leaves fewer than two tiles per SM, 128x128x64 with 4 stages, or with ``wide`` (the ops
+    for which it measured faster there: all_gather_matmul, matmul_reduce_scatter)
+    128x256x64 with 4 stages; for decode shapes (M <= 128, bound
     by reading B in few long K loops) 64x128x128 tiles, 4 warps, 4 stages, TMA (128x64x128
     above 64 rows); 128x128x32 with pointer loads for tf32. Under the interpreter small tiles
     keep interpreted programs cheap.
@@ -109,7 +117,8 @@ def select(
     else:
         bm, bk, warps, group = 128, 64, 8, 8
         # Wide tiles once every SM gets at least two of them; deeper pipelining otherwise.
-        bn, stages = (256, 3) if -(-rows // 128) * -(-cols // 256) >= 2 * device_sms else (128, 4)
+        many = -(-rows // 128) * -(-cols // 256) >= 2 * device_sms
+        bn, stages = (256, 3) if many else (256 if wide else 128, 4)
         sms = device_sms
     # Hopper's copy engine for 16-bit GEMMs (measured faster on H200: 883 vs 1049 us at
     # 8192 x 8192 x 4096, 148 vs 183 us at M = 1024, 39 vs 48 us at M = 16); pointer loads
