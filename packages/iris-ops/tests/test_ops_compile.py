@@ -65,6 +65,8 @@ def _flags(even_k: bool, bias: bool, split_n: bool, gather_k: bool, tma: bool = 
     return {"EVEN_K": even_k, "HAS_BIAS": bias, "SPLIT_N": split_n, "GATHER_K": gather_k, "TMA": tma}
 
 
+#: Shared memory a program may use on sm_90 (227 KiB, with the opt-in Triton requests).
+MAX_SHARED = 232448
 #: Operands read through tensor descriptors when a profile turns TMA on: (name, block dims).
 DESCRIPTORS = {"a_desc": ("block_m", "block_k"), "b_desc": ("block_k", "block_n")}
 #: (name, dtype, rows, cols of the output tiles, flags[, wide]) per profile.
@@ -238,6 +240,8 @@ def child_main() -> dict:
                 failures.append(
                     f"{what}: {k.metadata.shared} bytes of shared memory, fewer than 2 stages of {stage}"
                 )
+            if k.metadata.shared > MAX_SHARED:  # compiles, but cannot launch on Hopper
+                failures.append(f"{what}: {k.metadata.shared} bytes of shared memory, over {MAX_SHARED}")
             compiled[qualname] = compiled.get(qualname, 0) + 1
     control = sorted(signature_for(_unmappable_kernel, "fp32", COMMON)[3])
     return {
