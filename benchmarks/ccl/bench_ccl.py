@@ -6,8 +6,7 @@ For each collective and per-rank input size from 8 KiB to 1 GiB (bf16 unless --d
 checks iris.ccl's result against NCCL's, then times iris.ccl (every variant, on heap
 tensors), NCCL (torch.distributed) and, for all_reduce, torch symm_mem's one_shot and
 two_shot all-reduce. Times are device times from CUDA events around replays of a CUDA
-graph of several calls, every contender of a size timed in interleaved rounds
-(``benchmarks/bench_timing.py``), median over the rounds per rank, maximum over ranks. Prints a
+graph of several calls, median over repetitions per rank, maximum over ranks. Prints a
 table with bus bandwidth and ratios; writes results.json and ccl_<collective>.png.
 """
 
@@ -16,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -26,9 +26,6 @@ import triton
 import iris.ccl
 import iris.mem
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
-
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
 SIZES = sorted({8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB} | {MiB, GiB})
@@ -37,9 +34,34 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VARIANTS.items()}
 
 
-def _calls(nbytes: int) -> int:
-    """Calls per CUDA graph: enough that a replay is not just launch overhead."""
-    return 20 if nbytes < MiB else 5 if nbytes < 64 * MiB else 1
+def _time_us(fn, nbytes: int, reps: int) -> float:
+    """Median device time of one ``fn()`` in microseconds, from CUDA graph replays."""
+    calls = 20 if nbytes < MiB else 5 if nbytes < 64 * MiB else 1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()  # warm-up: compile, allocate workspaces, outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
+    t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def _bus_factor(collective: str, world: int) -> float:
@@ -149,26 +171,28 @@ def main() -> int:
             n = nbytes // dtype.itemsize
             n -= n % world
             row = {"collective": collective, "bytes": nbytes, "dtype": args.dtype, "times_us": {}}
-            fns = {}
             for variant in [v for v in IRIS_VARIANTS[collective] if not args.variants or v in args.variants]:
                 problem = _check(collective, variant, bufs, n, world)
-                if any_rank([problem is not None])[0]:
-                    failures.append(problem or f"{collective}/{variant} n={n}: wrong on another rank")
+                if problem:
+                    failures.append(problem)
                     continue
-                fns[f"iris_{variant}"] = _iris_call(collective, variant, bufs, n, world)[0]
-            fns["nccl"] = _nccl_call(collective, bufs, n, world)
+                fn, _ = _iris_call(collective, variant, bufs, n, world)
+                row["times_us"][f"iris_{variant}"] = _time_us(fn, nbytes, args.reps)
+            row["times_us"]["nccl"] = _time_us(_nccl_call(collective, bufs, n, world), nbytes, args.reps)
             if collective == "all_reduce" and bufs.symm is not None:
                 group = dist.group.WORLD.group_name
                 s = bufs.symm[:n]
                 one, two = torch.ops.symm_mem.one_shot_all_reduce, torch.ops.symm_mem.two_shot_all_reduce_
-                fns["symm_one_shot"] = lambda s=s, g=group, f=one: f(s, "sum", g)
-                fns["symm_two_shot"] = lambda s=s, g=group, f=two: f(s, "sum", g)
-            # Every contender of this size in interleaved rounds: none gains from its place.
-            errors: dict[str, str] = {}
-            row["times_us"] = interleaved_us(fns, args.reps, calls=_calls(nbytes), errors=errors)
-            for name, error in errors.items():  # e.g. torch has no symm_mem kernel for fp16
-                if heap.rank == 0:
-                    print(f"{name} not timed at {_size(nbytes)}: {error.splitlines()[0]}"[:300], flush=True)
+                symm_ops = {
+                    "symm_one_shot": lambda s=s, g=group, f=one: f(s, "sum", g),
+                    "symm_two_shot": lambda s=s, g=group, f=two: f(s, "sum", g),
+                }
+                for name, fn in symm_ops.items():
+                    try:
+                        row["times_us"][name] = _time_us(fn, nbytes, args.reps)
+                    except NotImplementedError as e:  # torch has no kernel for this dtype (fp16)
+                        if heap.rank == 0:
+                            print(f"{name} not timed for {args.dtype}: {str(e).splitlines()[0]}", flush=True)
             iris_times = [(v, k) for k, v in row["times_us"].items() if k.startswith("iris_")]
             if not iris_times:
                 continue
