@@ -6,9 +6,9 @@ be captured), every graph is replayed once more to bring the clocks up, and then
 contenders are timed in rounds, one replay each per round with the starting contender
 rotating from round to round. So a contender is neither favoured nor penalised by its
 place in the list (the first one timed after an idle GPU used to run 15-20% slow on H200),
-and drift of the clocks over a run spreads over all of them. (``bench_ccl.py`` keeps its
-own sequential timer: run through this one, its full sweep stalled at the 128 MiB
-all-reduce on 2 x H200 twice, a cause not found yet.) Result: per contender, the
+and drift of the clocks over a run spreads over all of them. (``bench_ccl.py`` uses it only
+with ``--interleave``: its full sweep through this timer stalled at the 128 MiB all-reduce
+on 2 x H200 twice, a cause not found yet.) Result: per contender, the
 median over the rounds of the device time of one call (CUDA events), maximum over ranks.
 
 Every rank must pass the same contenders in the same order: the ranks agree on the number

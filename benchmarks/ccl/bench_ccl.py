@@ -26,6 +26,9 @@ import triton
 import iris.ccl
 import iris.mem
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
 SIZES = sorted({8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB} | {MiB, GiB})
@@ -34,9 +37,14 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VARIANTS.items()}
 
 
+def _calls(nbytes: int) -> int:
+    """Calls per CUDA graph: enough that a replay is not just launch overhead."""
+    return 20 if nbytes < MiB else 5 if nbytes < 64 * MiB else 1
+
+
 def _time_us(fn, nbytes: int, reps: int) -> float:
     """Median device time of one ``fn()`` in microseconds, from CUDA graph replays."""
-    calls = 20 if nbytes < MiB else 5 if nbytes < 64 * MiB else 1
+    calls = _calls(nbytes)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -148,6 +156,12 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--variants", default="", help="comma-separated iris variants to time (default: all)")
     parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time the contenders of each size in interleaved rounds (benchmarks/bench_timing.py) instead "
+        "of one after another; under investigation: stalled at the 128 MiB all_reduce on 2 x H200",
+    )
+    parser.add_argument(
         "--write-table",
         metavar="PATH",
         help="write the measured variant-by-size table (JSON) for Config(variant='auto'); use it with "
@@ -171,23 +185,34 @@ def main() -> int:
             n = nbytes // dtype.itemsize
             n -= n % world
             row = {"collective": collective, "bytes": nbytes, "dtype": args.dtype, "times_us": {}}
+            fns = {}
             for variant in [v for v in IRIS_VARIANTS[collective] if not args.variants or v in args.variants]:
                 problem = _check(collective, variant, bufs, n, world)
+                if args.interleave and any_rank([problem is not None])[0]:  # the same contenders everywhere
+                    problem = problem or f"{collective}/{variant} n={n}: wrong on another rank"
                 if problem:
                     failures.append(problem)
                     continue
-                fn, _ = _iris_call(collective, variant, bufs, n, world)
-                row["times_us"][f"iris_{variant}"] = _time_us(fn, nbytes, args.reps)
-            row["times_us"]["nccl"] = _time_us(_nccl_call(collective, bufs, n, world), nbytes, args.reps)
+                fns[f"iris_{variant}"] = _iris_call(collective, variant, bufs, n, world)[0]
+                if not args.interleave:  # each variant timed right after its check
+                    row["times_us"][f"iris_{variant}"] = _time_us(fns[f"iris_{variant}"], nbytes, args.reps)
+            fns["nccl"] = _nccl_call(collective, bufs, n, world)
             if collective == "all_reduce" and bufs.symm is not None:
                 group = dist.group.WORLD.group_name
                 s = bufs.symm[:n]
                 one, two = torch.ops.symm_mem.one_shot_all_reduce, torch.ops.symm_mem.two_shot_all_reduce_
-                symm_ops = {
-                    "symm_one_shot": lambda s=s, g=group, f=one: f(s, "sum", g),
-                    "symm_two_shot": lambda s=s, g=group, f=two: f(s, "sum", g),
-                }
-                for name, fn in symm_ops.items():
+                fns["symm_one_shot"] = lambda s=s, g=group, f=one: f(s, "sum", g)
+                fns["symm_two_shot"] = lambda s=s, g=group, f=two: f(s, "sum", g)
+            if args.interleave:
+                errors: dict[str, str] = {}
+                row["times_us"] = interleaved_us(fns, args.reps, calls=_calls(nbytes), errors=errors)
+                for name, error in errors.items():
+                    if heap.rank == 0:
+                        print(f"{name} not timed: {error.splitlines()[0]}"[:300], flush=True)
+            else:
+                for name, fn in fns.items():
+                    if name in row["times_us"]:
+                        continue
                     try:
                         row["times_us"][name] = _time_us(fn, nbytes, args.reps)
                     except NotImplementedError as e:  # torch has no kernel for this dtype (fp16)
