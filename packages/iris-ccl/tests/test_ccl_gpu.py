@@ -8,6 +8,10 @@
 * Large messages: a 64 MiB bf16 all_reduce in every variant.
 * Back to back: every collective and variant called 8 times in a row on separate buffers,
   the ranks drifting apart (a GPU sleep on one of them), every output checked.
+* Mixed variants: all_reduce calls that change variant from one call to the next (what
+  ``variant="auto"`` does when message sizes change) at 8 KiB, 1 MiB and 128 MiB, issued
+  back to back with no host synchronisation, then as CUDA graphs (one per variant) replayed
+  back to back: every output checked, no wait may run out.
 
 References: every rank's inputs are gathered to the CPU with gloo (``all_gather_object``)
 and reduced in float64 (int64 for integers), so they do not depend on the device.
@@ -345,5 +349,89 @@ def back_to_back_body(rank, world_size, use_heap: bool, dtype_name: str):
 def test_back_to_back_calls(world_size, use_heap, dtype_name):
     require_world(world_size)
     results = run_world(back_to_back_body, world_size, use_heap, dtype_name, timeout=WORLD_TIMEOUT)
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+
+
+# --------------------------------------------------------------------------- mixed variants
+
+#: The all_reduce variants the tuning table picks from, in the order the calls cycle through.
+MIXED = ("ll", "boxed", "one_shot", "two_shot", "two_shot_push", "copy_engine")
+#: Bytes per rank of the mixed-variant calls: latency-, middle- and bandwidth-bound sizes.
+MIXED_BYTES = (8 << 10, 1 << 20, 128 << 20)
+
+
+def mixed_body(rank, world_size, sizes):
+    """Every variant of :data:`MIXED` at every size of ``sizes`` (bytes of bf16), each call
+    on its own output on a heap, all inputs on the heap: first issued eagerly back to back
+    (variant changing every call, one rank delayed by a GPU sleep before every other call),
+    then each captured in a CUDA graph and the graphs replayed back to back twice. A device
+    wait that runs out (``IRIS_WAIT_TIMEOUT``) is reported by ``check_errors``."""
+    from ccl_testutils import device, reduced
+
+    dev = device()
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(dev)
+    import iris.ccl as ccl
+    import iris.mem
+
+    bad: list[str] = []
+    per_call = sum(sizes)
+    staging = (2 << 30) if cuda else (64 << 20)  # the communicator's staging buffers live there too
+    with iris.mem.init(len(MIXED) * per_call + per_call + staging) as heap:
+        inputs = [heap.empty(nb // 2, dtype=torch.bfloat16) for nb in sizes]
+        for i, x in enumerate(inputs):
+            x.copy_(make_input(x.shape, torch.bfloat16, rank, salt=i))
+        wants = [reduced(x, "SUM") for x in inputs]
+        calls = []
+        for i, x in enumerate(inputs):
+            for v in MIXED:
+                out = heap.zeros(x.numel(), dtype=torch.bfloat16)
+                cfg = ccl.Config(variant=v)
+                call = lambda out=out, x=x, cfg=cfg: ccl.all_reduce(out, x, config=cfg)  # noqa: E731
+                calls.append((f"{sizes[i] >> 10} KiB {v}", call, out, wants[i]))
+
+        def check(stage: str) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+            try:
+                ccl.check_errors()
+            except Exception as e:  # noqa: BLE001 - reported with the stage
+                bad.append(f"{stage}: {type(e).__name__}: {e}")
+            for what, _, out, want in calls:
+                if (m := mismatch(out, want, f"{stage} {what} world={world_size}")) is not None:
+                    bad.append(m)
+                out.zero_()
+            dist.barrier()
+
+        dist.barrier()
+        for k, (_, call, _, _) in enumerate(calls):
+            if cuda and rank == k % world_size:
+                torch.cuda._sleep(200_000)  # about 0.1 ms: this rank falls behind
+            call()
+        check("eager, back to back")
+        if cuda:
+            graphs = []
+            for _, call, _, _ in calls:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    call()
+                graphs.append(graph)
+            torch.cuda.synchronize()
+            dist.barrier()
+            for r in range(2):
+                for graph in graphs:
+                    graph.replay()
+                check(f"graphs replayed back to back, round {r}")
+            del graphs
+    return {"bad": bad}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_mixed_variants_back_to_back(world_size, monkeypatch):
+    require_world(world_size)
+    monkeypatch.setenv("IRIS_WAIT_TIMEOUT", "60")  # a wait that never ends fails in a minute
+    results = run_world(mixed_body, world_size, MIXED_BYTES, timeout=WORLD_TIMEOUT)
     problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
