@@ -30,6 +30,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from iris.ops._gemm import grouped_tile  # the tile order of iris.ops (GROUP_M rows at a time)
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_timing import interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
@@ -50,11 +52,7 @@ def plain_gemm_kernel(
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS):
-        width = GROUP_M * tiles_n
-        first_m = (tile // width) * GROUP_M
-        size_m = min(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % width) % size_m
-        pid_n = (tile % width) // size_m
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in tl.range(k_tiles, warp_specialize=WS):
             a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])

@@ -32,6 +32,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from iris.ops._gemm import grouped_tile  # the tile order of iris.ops (GROUP_M rows at a time)
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
@@ -45,11 +47,7 @@ def _tile(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, PTR_STORE: tl.constexpr,
 ):  # fmt: skip
     """One output tile (grouped order); stored only if its rows start at or past ``HALF``."""
-    group = GROUP_M * num_n
-    first_m = (tile // group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % group) % size_m
-    pid_n = (tile % group) // size_m
+    pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for ki in range(k_tiles):
         a = a_desc.load([pid_m * BM, ki * BK])
