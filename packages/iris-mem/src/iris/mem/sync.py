@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .triton import ops
-from .utils import wait_at_least
+from .utils import record_timeout, wait_at_least
 
 if TYPE_CHECKING:
     from .heap import SymmetricHeap
@@ -34,11 +34,7 @@ def _device_barrier_kernel(
         ops.atomic_max(flags + RANK, epoch, RANK, peer, heap_bases, sem="release", scope="sys")
     for peer in tl.static_range(WORLD):
         if wait_at_least(flags + peer, epoch, budget) < epoch:
-            timeout_code = tl.full([], 1, tl.int64)
-            if tl.atomic_cas(status, timeout_code - 1, timeout_code, sem="relaxed", scope="gpu") == 0:
-                tl.store(status + 1, RANK)
-                tl.store(status + 2, peer)
-                tl.store(status + 3, (flags + peer).to(tl.int64, bitcast=True))
+            record_timeout(status, RANK, peer, flags + peer)
 
 
 def launch_device_barrier(heap: SymmetricHeap, budget: int) -> None:

@@ -16,6 +16,9 @@ version a kernel gets is decided when this module is imported, like the rest of
 ``wait_at_least(flag, target, budget)``
     Poll a local flag (acquire, system scope) until it reaches ``target`` or ``budget`` ns
     of ``global_timer()`` have passed; returns the last value read.
+``record_timeout(status, rank, peer, flag)``
+    Record a wait that gave up as ``[1, rank, peer, flag address]`` in an int64 ``status``
+    array (unless one is recorded already), for the host to raise as ``DeviceWaitTimeout``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import triton.language as tl
 
 from . import _env
 
-__all__ = ["global_timer", "sm_id", "wait_at_least"]
+__all__ = ["global_timer", "record_timeout", "sm_id", "wait_at_least"]
 
 if _env.interpreted():
 
@@ -73,3 +76,15 @@ def wait_at_least(flag, target, budget):
     while (seen < target) & (global_timer() - start < budget):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     return seen
+
+
+@triton.jit
+def record_timeout(status, rank, peer, flag):
+    """Record ``[1, rank, peer, flag address]`` in the int64 ``status`` array unless an
+    error is already recorded there (the host raises it as ``DeviceWaitTimeout``). Scalars
+    are made with ``tl.cast`` (no layout needed), so Gluon kernels compile this too."""
+    code = tl.cast(1, tl.int64)
+    if tl.atomic_cas(status, code - 1, code, sem="relaxed", scope="gpu") == 0:
+        tl.store(status + 1, tl.cast(rank, tl.int64))
+        tl.store(status + 2, tl.cast(peer, tl.int64))  # an argument equal to 1 arrives as a constexpr
+        tl.store(status + 3, flag.to(tl.int64, bitcast=True))

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from iris.mem import _env
-from iris.mem.utils import wait_at_least
+from iris.mem.utils import record_timeout, wait_at_least  # record_timeout: re-exported
 
 if _env.interpreted():
 
@@ -75,18 +75,6 @@ def group_sync(
         if wait_at_least(row + i, epoch, budget) < epoch:
             record_timeout(status, ctx.rank, tl.load(members + i), row + i)
     tl.debug_barrier()  # every thread reads after the acquire above
-
-
-@triton.jit
-def record_timeout(status, rank, peer, flag):
-    """Record ``[TIMEOUT, rank, peer, flag address]`` in ``status`` unless an error is
-    already recorded there (the host raises it as ``DeviceWaitTimeout``). Scalars are made
-    with ``tl.cast`` (no layout needed), so Gluon kernels compile this too."""
-    code = tl.cast(1, tl.int64)
-    if tl.atomic_cas(status, code - 1, code, sem="relaxed", scope="gpu") == 0:
-        tl.store(status + 1, tl.cast(rank, tl.int64))
-        tl.store(status + 2, tl.cast(peer, tl.int64))  # an argument equal to 1 arrives as a constexpr
-        tl.store(status + 3, flag.to(tl.int64, bitcast=True))
 
 
 @triton.jit
