@@ -76,6 +76,8 @@ PROFILES = [
     ("fp32 tf32", "fp32", 1024, 4096, _flags(False, True, False, True)),
     ("bf16 TMA", "bf16", 8192, 8192, _flags(False, False, True, False, tma=True)),
     ("bf16 decode gathered", "bf16", 16, 8192, {**_flags(True, True, False, False), "COMBINED": True}),
+    # Up to 16 rows: 16-row tiles (mma.sync rather than wgmma), here read through TMA.
+    ("bf16 decode TMA", "bf16", 1, 8192, _flags(False, False, True, False, tma=True)),
     # Few tiles per SM with wide=True (all_gather_matmul, matmul_reduce_scatter): 128x256x64,
     # 4 stages, the largest shared-memory footprint of the table.
     ("bf16 TMA wide", "bf16", 512, 8192, _flags(False, False, True, False, tma=True), True),
@@ -166,11 +168,14 @@ def discover() -> tuple[list[tuple[str, object]], list[str]]:
     return sorted(kernels.items()), errors
 
 
-def ptx_problems(ptx: str) -> list[str]:
-    """What keeps a compiled fused-op kernel off the fast path, from its PTX."""
+def ptx_problems(ptx: str, block_m: int = 64) -> list[str]:
+    """What keeps a compiled fused-op kernel off the fast path, from its PTX. Tiles of fewer
+    than 64 rows (a warpgroup's MMA) run on ``mma.sync`` tensor-core instructions instead."""
     problems = []
-    if "wgmma.mma_async" not in ptx:
+    if block_m >= 64 and "wgmma.mma_async" not in ptx:
         problems.append("no wgmma.mma_async: the GEMM does not use Hopper's tensor cores")
+    if block_m < 64 and "mma.sync.aligned" not in ptx:
+        problems.append("no mma.sync: the GEMM does not use tensor cores")
     if "cp.async" not in ptx:
         problems.append("no cp.async: the K loop is not software-pipelined")
     atoms = [ln for ln in ptx.splitlines() if re.search(r"\b(atom|red)\.global\.", ln)]
@@ -231,7 +236,7 @@ def child_main() -> dict:
                 continue
             if not k.asm.get("cubin"):
                 failures.append(f"{what}: no cubin")
-            failures += [f"{what}: {p}" for p in ptx_problems(k.asm["ptx"])]
+            failures += [f"{what}: {p}" for p in ptx_problems(k.asm["ptx"], cfg.block_m)]
             if tma and "cp.async.bulk.tensor" not in k.asm["ptx"]:
                 failures.append(f"{what}: no cp.async.bulk.tensor although operands are tensor descriptors")
             itemsize = 4 if dtype == "fp32" else 2
@@ -309,6 +314,7 @@ def test_ptx_checks_catch_a_slow_kernel():
         "atom.global.gpu.acq_rel.max.s32 %r2, [%rd2], 1;",
     ] + ["st.global.b16 [%rd3], %rs1;"] * 8
     assert len(ptx_problems("\n".join(slow))) == 5
+    assert len(ptx_problems("\n".join(slow), block_m=16)) == 5
     good = [
         "wgmma.mma_async.sync",
         "cp.async.cg.shared.global",
@@ -316,3 +322,6 @@ def test_ptx_checks_catch_a_slow_kernel():
         "ld.global.sys.acquire",
     ]
     assert ptx_problems("\n".join(good)) == []
+    small = ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] + good[1:]
+    assert ptx_problems("\n".join(small), block_m=16) == []
+    assert len(ptx_problems("\n".join(small))) == 1  # 64-row tiles must use wgmma

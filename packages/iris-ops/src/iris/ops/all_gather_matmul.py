@@ -125,7 +125,8 @@ def _all_gather_matmul_kernel(
     gen = call_generation(state)
     row_blocks = tl.cdiv(MS, BLOCK_M)
     if tl.program_id(0) < pushers:
-        group.sync(ctx, tl.program_id(0))  # every member has entered: its workspace is free
+        # every member has entered: its workspace is free (nothing remote before: no fence)
+        group.sync(ctx, tl.program_id(0), fence=False)
         if COMBINED:
             _push_combined(ctx, group, a, ws, ready, MS, KS, pushers, PUSH_M, PUSH_K, ALIGNED)
         else:

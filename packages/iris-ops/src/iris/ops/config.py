@@ -100,7 +100,9 @@ def select(
     for which it measured faster there: all_gather_matmul, matmul_reduce_scatter)
     128x256x64 with 4 stages; for decode shapes (M <= 128, bound
     by reading B in few long K loops) 64x128x128 tiles, 4 warps, 4 stages, TMA (128x64x128
-    above 64 rows); 128x128x32 with pointer loads for tf32. Under the interpreter small tiles
+    above 64 rows; up to 16 rows 16x128x256 with 3 stages and pointer loads, which waste
+    no tensor-core rows on padding: 37-46 us instead of 44-59 us at M = 1 and 16);
+    128x128x32 with pointer loads for tf32. Under the interpreter small tiles
     keep interpreted programs cheap.
     """
     check_config(config)
@@ -109,6 +111,9 @@ def select(
         bm, bn, bk, warps, stages, sms, group = 16, 16, 32, 4, 1, 4, 2
     elif dtype == torch.float32:
         bm, bn, bk, warps, stages, group = (64, 64, 64, 4, 3, 8) if rows <= 64 else (128, 128, 32, 8, 3, 8)
+        sms = device_sms
+    elif rows <= 16:
+        bm, bn, bk, warps, stages, group = 16, 128, 256, 4, 3, 8
         sms = device_sms
     elif rows <= 128:
         bm, bn = (64, 128) if rows <= 64 else (128, 64)
@@ -121,11 +126,12 @@ def select(
         bn, stages = (256, 3) if many else (256 if wide else 128, 4)
         sms = device_sms
     # Hopper's copy engine for 16-bit GEMMs (measured faster on H200: 883 vs 1049 us at
-    # 8192 x 8192 x 4096, 148 vs 183 us at M = 1024, 39 vs 48 us at M = 16); pointer loads
-    # for tf32 and under the interpreter.
+    # 8192 x 8192 x 4096, 148 vs 183 us at M = 1024); pointer loads for tf32, for the
+    # 16-row decode tiles (as fast or faster there: 36.8 vs 38.4 us, matmul_all_reduce at
+    # M = 1) and under the interpreter.
     tma = config.tma
     if tma is None:
-        tma = not interpreted and dtype != torch.float32
+        tma = not interpreted and dtype != torch.float32 and not rows <= 16
     return dataclasses.replace(
         config,
         block_m=config.block_m or bm,

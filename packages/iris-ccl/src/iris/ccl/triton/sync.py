@@ -62,19 +62,22 @@ def group_sync(
         PTX memory model. Pass False when the remote accesses since the last barrier are
         loads whose values the program already used before the barrier (they are
         complete), or when nothing remote happened (a kernel's first barrier).
+
+    A group of one (``GROUP == 1``) compiles to nothing.
     """
-    if FENCE:
-        thread_fence()  # every thread's earlier loads and stores are performed ...
-    tl.debug_barrier()  # ... before the release below
-    epoch = tl.load(epochs + slot, volatile=True) + 1  # not a stale L1 line: no fence may precede
-    tl.store(epochs + slot, epoch)
-    row = flags + slot * GROUP
-    for i in tl.static_range(GROUP):
-        ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
-    for i in tl.static_range(GROUP):
-        if wait_at_least(row + i, epoch, budget) < epoch:
-            record_timeout(status, ctx.rank, tl.load(members + i), row + i)
-    tl.debug_barrier()  # every thread reads after the acquire above
+    if GROUP > 1:  # a group of one has nobody to wait for or publish to
+        if FENCE:
+            thread_fence()  # every thread's earlier loads and stores are performed ...
+        tl.debug_barrier()  # ... before the release below
+        epoch = tl.load(epochs + slot, volatile=True) + 1  # not a stale L1 line: no fence may precede
+        tl.store(epochs + slot, epoch)
+        row = flags + slot * GROUP
+        for i in tl.static_range(GROUP):
+            ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
+        for i in tl.static_range(GROUP):
+            if wait_at_least(row + i, epoch, budget) < epoch:
+                record_timeout(status, ctx.rank, tl.load(members + i), row + i)
+        tl.debug_barrier()  # every thread reads after the acquire above
 
 
 @triton.jit
