@@ -190,7 +190,11 @@ def _ring_kernel(
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    tiles.all_reduce_ring(ctx, group, src, part, dst, pid * GROUP * BLOCK, n, pid, BLOCK, OP, ACC_FP32)
+    programs = tl.num_programs(0)
+    t = pid  # persistent: groups of GROUP tiles pid, pid + P, ... (the same program on every member)
+    while t < tl.cdiv(n, GROUP * BLOCK):
+        tiles.all_reduce_ring(ctx, group, src, part, dst, t * GROUP * BLOCK, n, pid, BLOCK, OP, ACC_FP32)
+        t += programs
 
 
 @triton.jit
@@ -287,12 +291,12 @@ def all_reduce(
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
     ring = cfg.variant == "ring"
-    persistent = cfg.variant in ("one_shot", "two_shot", "atomic", "spinlock")
-    tiles_per_slot = 0 if persistent else comm.size if ring else 1
-    per_launch = _host.max_elements(cfg, 8, not in_place, comm, tiles_per_slot)
+    # Every kernel left is persistent (at most one program per SM): a program waiting for
+    # its peer's twin never holds an SM that twin's launch still needs (the ring kernel was
+    # not, and hung at 512 MiB on 2 x H200).
+    per_launch = _host.max_elements(cfg, 8, not in_place, comm, 0)
     for start, length in _host.chunks(n, per_launch):
         src, dst = src_all[start : start + length], dst_all[start : start + length]
-        grid = _host.cdiv(length, cfg.block_size * (comm.size if ring else 1))
         if cfg.variant in _KERNELS:
             ksrc = src if in_place else comm.staged_copy("in", src)
             # one_shot writes only locally, so its output may be any tensor.
@@ -301,6 +305,7 @@ def all_reduce(
             meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
             if ring:  # partial sums: kdst itself, or an fp32 buffer for half types
                 bufs = (ksrc, comm.staging_like("acc", dst, dtype=torch.float32) if wide else kdst, kdst)
+                grid = _host.persistent_grid(comm, cfg, _host.cdiv(length, comm.size))
             else:
                 # two_shot: each member works on its own 1/G of the tiles
                 owned = _host.cdiv(length, comm.size) if cfg.variant == "two_shot" else length

@@ -28,8 +28,11 @@ def _broadcast_kernel(
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.broadcast_pull(ctx, group, src, dst, offs, offs < n, root, pid)
+    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
+    while t < tl.cdiv(n, BLOCK):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.broadcast_pull(ctx, group, src, dst, offs, offs < n, root, pid)
+        t += tl.num_programs(0)
 
 
 def broadcast(
@@ -70,7 +73,7 @@ def broadcast(
             ksrc = comm.staged_copy("in", dst)
         else:
             ksrc = comm.staging_like("in", dst)
-        grid = _host.cdiv(length, cfg.block_size)
+        grid = _host.persistent_grid(comm, cfg, length)
         _host.launch(_broadcast_kernel, grid, comm, cfg, ksrc, dst, length, root)
     _host.copy_back(tensor, data)
     return _host.finish(comm, async_op)

@@ -32,8 +32,11 @@ def _gather_kernel(
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.gather_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
+    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
+    while t < tl.cdiv(n, BLOCK):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.gather_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
+        t += tl.num_programs(0)
 
 
 def gather(
@@ -84,7 +87,7 @@ def gather(
         ksrc = src if in_place else comm.staged_copy("in", src)
         # Only the root writes its output: any pointer does elsewhere.
         kdst = dst_all[start:] if is_root else ksrc
-        grid = _host.cdiv(length, cfg.block_size)
+        grid = _host.persistent_grid(comm, cfg, length)
         _host.launch(_gather_kernel, grid, comm, cfg, ksrc, kdst, length, m, root)
     if is_root:
         _host.copy_back(out, dst_all)

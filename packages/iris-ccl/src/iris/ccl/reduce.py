@@ -32,8 +32,11 @@ def _reduce_kernel(
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.reduce_pull(ctx, group, src, dst, offs, offs < n, root, pid, OP, ACC_FP32)
+    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
+    while t < tl.cdiv(n, BLOCK):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.reduce_pull(ctx, group, src, dst, offs, offs < n, root, pid, OP, ACC_FP32)
+        t += tl.num_programs(0)
 
 
 def reduce(
@@ -93,7 +96,7 @@ def reduce(
         ksrc = src if in_place else comm.staged_copy("in", src)
         # Non-root ranks write nothing: any pointer does as their dst.
         kdst = dst_all[start : start + length] if is_root else ksrc
-        grid = _host.cdiv(length, cfg.block_size)
+        grid = _host.persistent_grid(comm, cfg, length)
         _host.launch(
             _reduce_kernel, grid, comm, cfg, ksrc, kdst, length, root,
             OP=rop.value, ACC_FP32=_host.acc_fp32(inp.dtype),

@@ -33,8 +33,11 @@ def _scatter_kernel(
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tiles.scatter_push(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
+    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
+    while t < tl.cdiv(n, BLOCK):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        tiles.scatter_push(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
+        t += tl.num_programs(0)
 
 
 def scatter(
@@ -92,7 +95,7 @@ def scatter(
         kdst = dst if in_place else comm.staging_like("out", dst)
         # Only the root reads its input: any pointer does elsewhere.
         ksrc = src_all[start:] if is_root else kdst
-        grid = _host.cdiv(length, cfg.block_size)
+        grid = _host.persistent_grid(comm, cfg, length)
         _host.launch(_scatter_kernel, grid, comm, cfg, ksrc, kdst, length, m, root)
         if kdst is not dst:
             dst.copy_(kdst)
