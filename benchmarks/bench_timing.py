@@ -8,7 +8,8 @@ rotating from round to round. So a contender is neither favoured nor penalised b
 place in the list (the first one timed after an idle GPU used to run 15-20% slow on H200),
 and drift of the clocks over a run spreads over all of them. (``bench_ccl.py`` uses it only
 with ``--interleave``: its full sweep through this timer stalled at the 128 MiB all-reduce
-on 2 x H200 twice, a cause not found yet.) Result: per contender, the
+on 2 x H200 twice; the sequential timer stalled too, in the ``ring`` variant, since fixed:
+``benchmarks/ccl/NOTES.md`` change 15.) Result: per contender, the
 median over the rounds of the device time of one call (CUDA events), maximum over ranks.
 
 Every rank must pass the same contenders in the same order: the ranks agree on the number

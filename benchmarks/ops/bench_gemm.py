@@ -8,7 +8,8 @@ synchronisation and bookkeeping), beside
 
 * ``plain``: a persistent Triton GEMM with nothing else in it (TMA loads, TMA stores,
   grouped tile order), with the tile shapes the config table uses (128 x 256 x 64 with
-  8 warps and 3 stages, 128 x 128 x 64 with 8 warps and 4 stages);
+  8 warps and 3 stages, 128 x 128 x 64 with 8 warps and 4 stages; at decode shapes,
+  M <= 128: 16 x 64 x 256, 16 x 128 x 256 and 64 x 128 x 128 with 4 warps);
 * ``plain ws``: the same with Triton's automatic warp specialisation on the K loop
   (``tl.range(..., warp_specialize=True)``), at the only tile shape Triton 3.6 splits for
   sm_90 (64 x 128, 4 warps);
@@ -35,8 +36,10 @@ from iris.ops._gemm import grouped_tile  # the tile order of iris.ops (GROUP_M r
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_timing import interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
-#: (block_m, block_n, num_warps, num_stages, warp_specialize) of the plain GEMM.
-PLAIN = [(128, 256, 8, 3, False), (128, 128, 8, 4, False), (64, 128, 4, 4, True)]
+#: (block_m, block_n, block_k, num_warps, num_stages, warp_specialize) of the plain GEMM,
+#: for prefill shapes and for decode shapes (M <= 128).
+PLAIN = [(128, 256, 64, 8, 3, False), (128, 128, 64, 8, 4, False), (64, 128, 64, 4, 4, True)]
+PLAIN_DECODE = [(16, 64, 256, 4, 4, False), (16, 128, 256, 4, 3, False), (64, 128, 128, 4, 4, False)]
 SHAPES = [(1024, 8192, 4096), (8192, 8192, 4096)]
 
 
@@ -61,11 +64,11 @@ def plain_gemm_kernel(
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(tl.bfloat16))
 
 
-def plain(a, b, c, bm: int, bn: int, warps: int, stages: int, ws: bool):
+def plain(a, b, c, bm: int, bn: int, bk: int, warps: int, stages: int, ws: bool):
     """A call of the plain GEMM writing ``c``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    (m, k), n, bk = a.shape, b.shape[1], 64
+    (m, k), n = a.shape, b.shape[1]
     descs = (
         TensorDescriptor.from_tensor(a, [bm, bk]),
         TensorDescriptor.from_tensor(b, [bk, bn]),
@@ -92,18 +95,18 @@ def main() -> int:
     import iris.ops
 
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
-    heap = iris.mem.init(max(m * n for m, n, _ in shapes) * 2 * 2 + (256 << 20))
+    heap = iris.mem.init(max(m * n for m, n, _ in shapes) * 2 * 3 + (256 << 20))
     rows = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         ref = a @ b
         outs, fns = {}, {"torch.matmul": lambda a=a, b=b: torch.matmul(a, b)}
-        for bm, bn, warps, stages, ws in PLAIN:
-            name = f"plain{' ws' if ws else ''} {bm}x{bn}x64 w{warps} s{stages}"
+        for bm, bn, bk, warps, stages, ws in PLAIN_DECODE if m <= 128 else PLAIN:
+            name = f"plain{' ws' if ws else ''} {bm}x{bn}x{bk} w{warps} s{stages}"
             outs[name] = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            fns[name] = plain(a, b, outs[name], bm, bn, warps, stages, ws)
-        for op in ("matmul_all_reduce", "matmul_reduce_scatter"):
+            fns[name] = plain(a, b, outs[name], bm, bn, bk, warps, stages, ws)
+        for op in ("matmul_all_reduce", "matmul_reduce_scatter", "matmul_all_gather"):
             name = f"iris.ops.{op} (group of one)"
             outs[name] = heap.empty((m, n), dtype=torch.bfloat16)
             fused = getattr(iris.ops, op)
