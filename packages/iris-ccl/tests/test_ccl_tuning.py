@@ -3,7 +3,8 @@
 * The packaged table is valid and picks, for every collective and world size, a variant the
   collective has; ``IRIS_CCL_TABLE`` replaces it; a malformed table is a clear error.
 * Persistent kernels give the torch result whatever the number of programs: one program
-  looping over every tile, and more programs than tiles (the host caps it at the tiles).
+  looping over every tile, and more programs than tiles (the host caps it at the tiles);
+  a launch of more programs than stay resident is refused.
 """
 
 import json
@@ -119,6 +120,32 @@ def programs_body(rank, world_size):
             if (m := mismatch(out, want, f"all_gather {variant} programs={programs}")) is not None:
                 bad.append(m)
             cases += 1
+        # ring and the rooted collectives loop over tiles too (they used to launch a program per tile)
+        x = make_input((n,), torch.float32, rank, programs + 2)
+        want = x.clone()
+        dist.all_reduce(want)
+        out = torch.empty_like(x)
+        ccl.all_reduce(out, x, config=ccl.Config(variant="ring", programs=programs, block_size=512))
+        if (m := mismatch(out, want, f"all_reduce ring programs={programs}")) is not None:
+            bad.append(m)
+        root = world_size - 1
+        got = make_input((n,), torch.float32, rank, programs + 3)
+        want = got.clone()
+        dist.broadcast(want, root)
+        ccl.broadcast(got, root, config=ccl.Config(programs=programs, block_size=512))
+        if (m := mismatch(got, want, f"broadcast programs={programs}")) is not None:
+            bad.append(m)
+        cases += 2
+    # A launch with more programs than stay resident is refused before it can hang.
+    from iris.ccl import _comm, _host
+
+    comm = _comm.own(None, x.device)
+    try:
+        _host.launch(None, _host.resident_programs(comm, ccl.Config()) + 1, comm, ccl.Config())
+        bad.append("a launch of more programs than resident ones was not refused")
+    except RuntimeError as e:
+        if "exceed" not in str(e):
+            bad.append(f"unexpected error: {e}")
     return {"bad": bad, "cases": cases}
 
 
@@ -128,7 +155,7 @@ def test_any_number_of_programs_gives_the_torch_result(world_size):
     results = run_world(programs_body, world_size, timeout=240)
     problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
     assert not problems, "\n".join(problems)
-    assert all(res["cases"] == 18 for res in results)
+    assert all(res["cases"] == 24 for res in results)
 
 
 def logging_body(rank, world_size):

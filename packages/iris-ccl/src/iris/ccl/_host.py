@@ -147,9 +147,17 @@ def setup(
 
 
 def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **meta) -> None:
-    """Launch ``kernel`` with the communicator's leading arguments and constexprs."""
+    """Launch ``kernel`` with the communicator's leading arguments and constexprs. Every
+    collective kernel waits on its twin programs on the peers, so a launch may not have more
+    programs than :func:`persistent_grid` gives (more could leave a waiting program holding
+    the SM its peer's twin needs: a hang, as the per-tile ``ring`` kernel did)."""
     if grid > _comm.MAX_SLOTS:
         raise RuntimeError(f"internal: grid {grid} exceeds {_comm.MAX_SLOTS} sync slots")
+    if grid > resident_programs(comm, cfg):
+        raise RuntimeError(
+            f"internal: {grid} programs of {getattr(kernel, '__name__', kernel)} exceed the "
+            f"{resident_programs(comm, cfg)} that persistent kernels use"
+        )
     kernel[(grid,)](
         *comm.kernel_args(),
         *args,
@@ -167,14 +175,18 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def resident_programs(comm: _comm.Communicator, cfg: Config) -> int:
+    """``cfg.programs``, or by default one per SM on GPUs (2 in the interpreter): programs
+    that stay co-resident, so programs waiting on their peers never starve each other."""
+    if cfg.programs:
+        return cfg.programs
+    return _sm_count(comm.device.index or 0) if comm.device.type == "cuda" else 2
+
+
 def persistent_grid(comm: _comm.Communicator, cfg: Config, length: int) -> int:
-    """Programs of a persistent kernel over ``length`` elements: ``cfg.programs`` (0: one
-    per SM on GPUs, 2 in the interpreter), never more than there are tiles. One program per
-    SM stays co-resident, so programs waiting on their peers never starve each other."""
-    programs = cfg.programs
-    if not programs:
-        programs = _sm_count(comm.device.index or 0) if comm.device.type == "cuda" else 2
-    return max(1, min(cdiv(length, cfg.block_size), programs))
+    """Programs of a persistent kernel over ``length`` elements: :func:`resident_programs`,
+    never more than there are tiles."""
+    return max(1, min(cdiv(length, cfg.block_size), resident_programs(comm, cfg)))
 
 
 def vector_hint(tensors, strides_bytes=()) -> int | None:

@@ -47,9 +47,10 @@ class Config:
         chunk_elements: elements per kernel launch when a message is split (staging through
             the workspace splits messages larger than the workspace anyway); for the
             ``copy_engine`` all_reduce, elements of each member's chunk per pipelined piece.
-        programs: programs (thread blocks) of a persistent collective kernel; each loops
-            over its share of the tiles between one start and one end barrier (0: one per
-            SM on GPUs, 2 in the interpreter). Collectives with a per-tile barrier ignore it.
+        programs: programs (thread blocks) of a collective kernel; each loops over its
+            share of the tiles (0: one per SM on GPUs, 2 in the interpreter). Every program
+            waits on its twins on the peers, so more programs than the GPU holds at once
+            can hang.
     """
 
     variant: str = "auto"

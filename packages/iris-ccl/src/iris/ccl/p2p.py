@@ -104,12 +104,14 @@ def _send_kernel(
     context, members, flags, epochs, status, budget, src, box, seq, ack, sent, nbytes, peer,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Send ``nbytes`` elements (bytes, or int32 words) of ``src`` to heap rank ``peer``, one
-    tile of ``BLOCK`` elements (``P2P_TILE_BYTES`` bytes) per program."""
+    """Send ``nbytes`` elements (bytes, or int32 words) of ``src`` to heap rank ``peer`` in
+    tiles of ``BLOCK`` elements (``P2P_TILE_BYTES`` bytes), each program looping over its share."""
     ctx = Context.initialize(context, RANK, WORLD)
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    send_tile(ctx, src, box, seq, ack, sent, offs, offs < nbytes, peer, pid, status, budget)
+    t = tl.program_id(0)  # persistent: tiles pid, pid + P, ...
+    while t < tl.cdiv(nbytes, BLOCK):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        send_tile(ctx, src, box, seq, ack, sent, offs, offs < nbytes, peer, t, status, budget)
+        t += tl.num_programs(0)
 
 
 @triton.jit
@@ -118,11 +120,13 @@ def _recv_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Receive ``nbytes`` elements (bytes, or int32 words) from heap rank ``peer`` into
-    ``dst``, one tile per program."""
+    ``dst``, tile by tile (each program looping over its share)."""
     ctx = Context.initialize(context, RANK, WORLD)
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    recv_tile(ctx, dst, box, seq, ack, received, offs, offs < nbytes, peer, pid, status, budget)
+    t = tl.program_id(0)  # persistent: tiles pid, pid + P, ...
+    while t < tl.cdiv(nbytes, BLOCK):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        recv_tile(ctx, dst, box, seq, ack, received, offs, offs < nbytes, peer, t, status, budget)
+        t += tl.num_programs(0)
 
 
 def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bool, config) -> Work | None:
@@ -158,7 +162,7 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
     if word == 4:
         raw, box = raw.view(torch.int32), box.view(torch.int32)
     for start, length in _host.chunks(nbytes // word, slot_bytes // word):
-        grid = _host.cdiv(length, cfg.block_size)
+        grid = _host.persistent_grid(comm, cfg, length)
         _host.launch(kernel, grid, comm, cfg, raw[start:], box, seq, ack, count, length, comm.members[peer])
     if kind == "recv":
         _host.copy_back(tensor, data)
