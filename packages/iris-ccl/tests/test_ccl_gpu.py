@@ -8,6 +8,9 @@
 * Large messages: a 64 MiB bf16 all_reduce in every variant.
 * Back to back: every collective and variant called 8 times in a row on separate buffers,
   the ranks drifting apart (a GPU sleep on one of them), every output checked.
+* Large per-tile collectives: ``ring`` all_reduce, broadcast and reduce of 512 MiB and a
+  64 MiB send/recv ring, three times each (the kernels that launched a program per tile,
+  up to 1024 per launch each waiting on its twin on the peer; ``ring`` hung at 512 MiB).
 * Mixed variants: all_reduce calls that change variant from one call to the next (what
   ``variant="auto"`` does when message sizes change) at 8 KiB, 1 MiB and 128 MiB, issued
   back to back with no host synchronisation, then as CUDA graphs (one per variant) replayed
@@ -433,5 +436,80 @@ def test_mixed_variants_back_to_back(world_size, monkeypatch):
     require_world(world_size)
     monkeypatch.setenv("IRIS_WAIT_TIMEOUT", "60")  # a wait that never ends fails in a minute
     results = run_world(mixed_body, world_size, MIXED_BYTES, timeout=WORLD_TIMEOUT)
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+
+
+# --------------------------------------------------------------------------- per-tile kernels
+
+#: Per-rank bytes of the per-tile test: 64 launches of the old per-tile ring kernel.
+PER_TILE_BYTES = 512 << 20
+
+
+def per_tile_body(rank, world_size, nbytes: int):
+    """``ring`` all_reduce, broadcast and reduce (in place, on a heap) of ``nbytes`` of bf16
+    per rank, three calls each, then a ring of send/recv of up to 64 MiB: the collectives
+    whose kernels used to launch one program per tile. Every rank makes every rank's input
+    the same way on its own device, so the references need no communication."""
+    cuda = BACKEND == "cuda"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    import iris.ccl as ccl
+    import iris.mem
+
+    n, root = nbytes // 2, world_size - 1
+    bad: list[str] = []
+
+    def data(r: int) -> torch.Tensor:
+        g = torch.Generator(device=dev).manual_seed(7 + r)
+        return (torch.rand(n, generator=g, device=dev) * 16 - 8).to(torch.bfloat16)
+
+    def check(got, want, what: str, tol: float) -> None:
+        try:  # a wait that ran out of budget is recorded on the device: surface it
+            ccl.check_errors()
+        except Exception as e:  # noqa: BLE001 - reported with the case
+            bad.append(f"{what}: {type(e).__name__}: {e}")
+            return
+        if got is not None:
+            err = (got.float() - want.float()).abs().max().item()
+            if not err <= tol:
+                bad.append(f"{what}: max error {err} (tolerance {tol})")
+
+    x = data(rank)
+    total = sum(data(r).float() for r in range(world_size))
+    tol = 2.0**-7 * 8 * world_size  # a bf16 rounding of a sum of magnitude <= 8 G
+    with iris.mem.init(nbytes + (64 << 20)) as heap:
+        h = heap.empty(n, dtype=torch.bfloat16)
+        out = torch.empty_like(x)
+        for call in range(3):
+            what = f"{nbytes >> 20} MiB bf16 world={world_size} call {call}"
+            out.zero_()
+            ccl.all_reduce(out, x, config=ccl.Config(variant="ring"))
+            check(out, total, f"ring all_reduce {what}", tol)
+            h.copy_(x)
+            ccl.broadcast(h, root)
+            check(h, data(root), f"broadcast {what}", 0.0)
+            h.copy_(x)
+            ccl.reduce(h, h, root)
+            check(h if rank == root else None, total, f"reduce {what}", tol)
+            dist.barrier()
+        # A ring of messages: even ranks send first, odd ones receive first (no cycle of
+        # sends waiting for receives queued behind other sends).
+        m = min(n, (64 << 20) // 2)
+        got = torch.zeros(m, dtype=torch.bfloat16, device=dev)
+        right, left = (rank + 1) % world_size, (rank - 1) % world_size
+        steps = [lambda: ccl.send(x[:m], right), lambda: ccl.recv(got, left)]
+        for step in steps if rank % 2 == 0 else steps[::-1]:
+            step()
+        check(got, data(left)[:m], f"send/recv {m * 2 >> 20} MiB world={world_size}", 0.0)
+    return {"bad": bad}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_per_tile_collectives_at_512mib(world_size, monkeypatch):
+    require_world(world_size)
+    monkeypatch.setenv("IRIS_WAIT_TIMEOUT", "60")  # a wait that never ends fails in a minute
+    results = run_world(per_tile_body, world_size, PER_TILE_BYTES, timeout=WORLD_TIMEOUT)
     problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
