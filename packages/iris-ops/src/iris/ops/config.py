@@ -31,8 +31,8 @@ class Config:
         num_stages: software-pipelining depth of the K loop (1-8).
         num_sms: persistent programs (1-1024); default: the device's SM count (4 under the
             interpreter), never more than the tiles. Programs wait on programs of the
-            peers, so more than the GPU holds at once can stall a call until
-            ``IRIS_WAIT_TIMEOUT`` raises.
+            peers, so more than the GPU holds at once can stall a call until its waits give
+            up after ``IRIS_WAIT_TIMEOUT`` (``check_errors`` then raises).
         comm_sms: ``all_gather_matmul`` only: programs that push this rank's shard of A to
             the other ranks before they join the GEMM (forced to 1 under the interpreter,
             where programs run one after the other).
