@@ -207,13 +207,11 @@ def chunks(total: int, per_chunk: int):
         yield start, min(per_chunk, total - start)
 
 
-def max_elements(
-    cfg: Config, itemsize: int, staged: bool, comm: _comm.Communicator, tiles_per_program: int = 1
-) -> int:
-    """Elements one launch may cover: the sync slots (``tiles_per_program`` tiles per slot;
-    0 for a persistent kernel, which needs one slot per program only), the config's chunk,
-    and (staged) the staging buffer."""
-    limit = _comm.MAX_SLOTS * cfg.block_size * tiles_per_program if tiles_per_program else MAX_LAUNCH_ELEMENTS
+def max_elements(cfg: Config, itemsize: int, staged: bool, comm: _comm.Communicator) -> int:
+    """Elements one launch may cover: :data:`MAX_LAUNCH_ELEMENTS` (every kernel is
+    persistent, one sync slot per program whatever the size), the config's chunk, and
+    (staged) the staging buffer."""
+    limit = MAX_LAUNCH_ELEMENTS
     if cfg.chunk_elements:
         limit = min(limit, cfg.chunk_elements)
     if staged:

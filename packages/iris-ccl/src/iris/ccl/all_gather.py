@@ -145,7 +145,7 @@ def all_gather(
     push = cfg.variant != "pull"  # gluon pushes too
     # Staged, one launch covers `length` elements of every member's chunk in the staging
     # buffer (push: size * length outputs; pull: length inputs).
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 0)
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
     for start, length in _host.chunks(n, per_launch):
         src = src_all[start : start + length]
         extra = () if push else (0,)  # pull: where each member's input is (see tiles.all_gather_pull)

@@ -166,7 +166,7 @@ def _two_shot_push(comm, cfg: Config, src_all, dst_all, in_place: bool, rop: Red
     unit = 16 * size
     main = n - n % unit
     meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
-    per_launch = max(_host.max_elements(cfg, 8, not in_place, comm, 0) // unit * unit, unit)
+    per_launch = max(_host.max_elements(cfg, 8, not in_place, comm) // unit * unit, unit)
     for start, length in _host.chunks(main, per_launch):
         src, dst = src_all[start : start + length], dst_all[start : start + length]
         kdst = dst if in_place else comm.staging_like("out", dst)  # peers write it: on the heap
@@ -291,10 +291,7 @@ def all_reduce(
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
     ring = cfg.variant == "ring"
-    # Every kernel left is persistent (at most one program per SM): a program waiting for
-    # its peer's twin never holds an SM that twin's launch still needs (the ring kernel was
-    # not, and hung at 512 MiB on 2 x H200).
-    per_launch = _host.max_elements(cfg, 8, not in_place, comm, 0)
+    per_launch = _host.max_elements(cfg, 8, not in_place, comm)
     for start, length in _host.chunks(n, per_launch):
         src, dst = src_all[start : start + length], dst_all[start : start + length]
         if cfg.variant in _KERNELS:

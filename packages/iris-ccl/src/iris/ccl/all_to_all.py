@@ -146,7 +146,7 @@ def all_to_all(
         return _host.finish(comm, async_op)
     push = cfg.variant == "push"
     # Staged, one launch covers `length` elements of every chunk in the staging buffer.
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 0)
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
     nbytes_per = comm.size * itemsize
     for start, length in _host.chunks(m, per_launch):
         grid = _host.persistent_grid(comm, cfg, length)

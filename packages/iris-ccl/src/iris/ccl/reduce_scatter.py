@@ -152,7 +152,7 @@ def reduce_scatter(
     meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
     # Staged, one launch covers `length` elements of every member's chunk in the staging
     # buffer (pull: size * length inputs; push: size * length workspace slots).
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm, 0)
+    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
     for start, length in _host.chunks(m, per_launch):
         grid = _host.persistent_grid(comm, cfg, length)
         dst = dst_all[start : start + length]
