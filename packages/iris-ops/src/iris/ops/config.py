@@ -133,7 +133,7 @@ def select(
     # M = 1) and under the interpreter.
     tma = config.tma
     if tma is None:
-        tma = not interpreted and dtype != torch.float32 and not rows <= 16
+        tma = not interpreted and dtype != torch.float32 and rows > 16
     return dataclasses.replace(
         config,
         block_m=config.block_m or bm,
