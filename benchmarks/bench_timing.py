@@ -113,6 +113,7 @@ def interleaved_us(
     calls: int | None = None,
     graph_us: float = 2000.0,
     errors: dict[str, str] | None = None,
+    check: Callable[[], object] | None = None,
 ) -> dict[str, float]:
     """Median device time of one call of each of ``fns`` in microseconds, maximum over the
     ranks, from ``reps`` interleaved rounds (see the module docstring).
@@ -128,6 +129,8 @@ def interleaved_us(
         problem, count = None, 0
         try:
             took = _warm_up(fn, cuda)
+            if check is not None:
+                check()
             count = calls or max(1, min(20, int(graph_us / max(took, 1.0))))
         except Exception as e:  # noqa: BLE001 - a contender that fails is reported, not fatal
             problem = f"{type(e).__name__}: {e}"
@@ -147,5 +150,7 @@ def interleaved_us(
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
             samples[name].append(ready[name].sample_us())
+    if check is not None:
+        check()
     medians = _agree([statistics.median(samples[name]) for name in names], dist.ReduceOp.MAX)
     return dict(zip(names, medians))

@@ -134,7 +134,10 @@ def _check(collective: str, variant: str, b: Buffers, n: int, world: int) -> str
     fn()
     ref_fn = _nccl_call(collective, b, n, world)
     ref_fn()
-    torch.cuda.synchronize()
+    try:
+        iris.ccl.check_errors()  # synchronises; raises if a device wait gave up
+    except iris.mem.DeviceWaitTimeout as e:
+        return f"{collective}/{variant} n={n}: {e}"
     ref_numel = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world, "all_to_all": n}
     ref = b.nccl_inp[:n] if collective == "all_reduce" else b.nccl_out[: ref_numel[collective]]
     err = (out.float() - ref.float()).abs().max().item()
@@ -206,10 +209,11 @@ def main() -> int:
                 fns["symm_two_shot"] = lambda s=s, g=group, f=two: f(s, "sum", g)
             if args.interleave:
                 errors: dict[str, str] = {}
-                row["times_us"] = interleaved_us(fns, args.reps, calls=_calls(nbytes), errors=errors)
-                for name, error in errors.items():
-                    if heap.rank == 0:
-                        print(f"{name} not timed: {error.splitlines()[0]}"[:300], flush=True)
+                row["times_us"] = interleaved_us(
+                    fns, args.reps, calls=_calls(nbytes), errors=errors, check=iris.ccl.check_errors
+                )
+                for name, error in errors.items():  # every rank's own reason
+                    print(f"rank {heap.rank}: {name} not timed: {error.splitlines()[0]}"[:400], flush=True)
             else:
                 for name, fn in fns.items():
                     if name in row["times_us"]:
@@ -219,6 +223,7 @@ def main() -> int:
                     except NotImplementedError as e:  # torch has no kernel for this dtype (fp16)
                         if heap.rank == 0:
                             print(f"{name} not timed for {args.dtype}: {str(e).splitlines()[0]}", flush=True)
+            iris.ccl.check_errors()  # a device wait that gave up while timed: stop, naming it
             iris_times = [(v, k) for k, v in row["times_us"].items() if k.startswith("iris_")]
             if not iris_times:
                 continue

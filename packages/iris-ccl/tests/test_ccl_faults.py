@@ -7,6 +7,7 @@ user would after a synchronisation point) raises it. GPU tier: 2 ranks, one per 
 wait timeout of a second (2 s on the CPU backend).
 """
 
+import json
 import os
 import signal
 import time
@@ -44,22 +45,28 @@ def _collective(fn, *args, **kwargs) -> None:
     iris.ccl.check_errors()
 
 
-def absent_body(rank, world_size):
+def absent_body(rank, world_size, variant="auto"):
+    cfg = iris.ccl.Config(variant=variant)
     x = torch.full((100,), float(rank + 1), device=_device(rank))
-    _collective(iris.ccl.all_reduce, x, x)  # every rank: the communicators exist
+    _collective(iris.ccl.all_reduce, x, x, config=cfg)  # every rank: the communicators exist
     assert bool((x == world_size * (world_size + 1) // 2).all())
     if rank == world_size - 1:
         return "absent"  # never arrives at the second all_reduce, and exits
     started = time.monotonic()
     try:
-        _collective(iris.ccl.all_reduce, x, x)
+        _collective(iris.ccl.all_reduce, x, x, config=cfg)
     except iris.mem.DeviceWaitTimeout as e:
         return str(e), time.monotonic() - started
     return "no error"
 
 
-def test_absent_rank_times_out_the_others():
-    results = launch_world(absent_body, WORLD, timeout=120, env=SHORT_WAIT)
+def one_shot_absent_body(rank, world_size):
+    return absent_body(rank, world_size, "one_shot")
+
+
+@pytest.mark.parametrize("body", [absent_body, one_shot_absent_body], ids=["auto", "one_shot"])
+def test_absent_rank_times_out_the_others(body):
+    results = launch_world(body, WORLD, timeout=120, env=SHORT_WAIT)
     assert results[WORLD - 1].ok and results[WORLD - 1].value == "absent", results[WORLD - 1].error
     for rank in range(WORLD - 1):
         assert results[rank].ok, results[rank].error
@@ -68,6 +75,14 @@ def test_absent_rank_times_out_the_others():
         timeout = SHORT_WAIT["IRIS_WAIT_TIMEOUT"]
         assert f"IRIS_WAIT_TIMEOUT={timeout} s" in message, message
         assert float(timeout) <= seconds < 60, seconds  # waited the timeout, not a number of polls
+        if body is one_shot_absent_body:
+            # one program, slot 0: the second call's start barrier found the absent rank's
+            # flag at the generation of its last barrier, below this rank's
+            assert "sync slot 0, generation " in message, message
+            generation = int(message.split("generation ")[1].split(" ")[0])
+            published = json.loads(message.split("members published ")[1].split(")")[0])
+            assert len(published) == WORLD and published[WORLD - 1] < generation, message
+            assert published[rank] == generation, message
 
 
 def killed_body(rank, world_size):

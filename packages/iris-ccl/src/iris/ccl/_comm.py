@@ -148,12 +148,28 @@ class Communicator:
         code, rank, peer, address = (int(v) for v in self.status.tolist())
         if code:
             self.status.zero_()
-            _log.error("a collective gave up waiting: rank %d for rank %d (flag at %#x)", rank, peer, address)
+            where = self._describe_flag(address)
+            _log.error("a collective gave up waiting: rank %d for rank %d (%s)", rank, peer, where)
             raise iris.mem.DeviceWaitTimeout(
-                f"rank {rank}: a collective gave up waiting for rank {peer} (flag at {address:#x}) after "
+                f"rank {rank}: a collective gave up waiting for rank {peer} ({where}) after "
                 f"IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the group must call the "
                 "same collectives in the same order with the same sizes"
             )
+
+    def _describe_flag(self, address: int) -> str:
+        """Where a flag a wait gave up on lies: for a sync slot, its number, this rank's
+        generation of it and the generations the members had published there (a member
+        behind by one never reached that barrier; ranks whose generations differ after
+        the same calls ran different sequences of launches)."""
+        offset = address - self.flags.data_ptr()
+        if not 0 <= offset < self.flags.numel() * self.flags.element_size():
+            return f"flag at {address:#x}"
+        slot = offset // self.flags.element_size() // self.size
+        published = self.flags[slot * self.size : (slot + 1) * self.size].tolist()
+        return (
+            f"flag at {address:#x}: sync slot {slot}, generation {int(self.epochs[slot])} here, "
+            f"members published {published}"
+        )
 
     def kernel_args(self) -> tuple:
         """Leading arguments of every collective kernel."""
