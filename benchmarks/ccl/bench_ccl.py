@@ -162,8 +162,8 @@ def main() -> int:
         "--interleave",
         action="store_true",
         help="time the contenders of each size in interleaved rounds (benchmarks/bench_timing.py) instead "
-        "of one after another (its stall at the 128 MiB all_reduce on 2 x H200 was traced to the ring "
-        "variant, since made persistent; see NOTES.md change 15)",
+        "of one after another (on 2 x H200 its full sweeps still hit device wait timeouts in warm-ups, "
+        "e.g. two_shot_push at 128 MiB; cause open, see NOTES.md change 16)",
     )
     parser.add_argument(
         "--write-table",
