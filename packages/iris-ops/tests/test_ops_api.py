@@ -2,6 +2,8 @@
 and K = 0 problems work, a rank that never arrives is reported instead of hanging, and
 ``Config`` validates its fields."""
 
+import json
+
 import pytest
 import torch
 from ops_testutils import assert_clean, rand
@@ -157,6 +159,11 @@ def absent_body(rank, world_size):
 def test_absent_rank_is_reported_not_a_hang():
     results = run_world(absent_body, 2, timeout=200, env={"IRIS_WAIT_TIMEOUT": "2"})
     assert "rank 0: iris.ops.matmul_all_reduce gave up waiting for rank 1" in results[0], results[0]
+    # the first barrier's flag: its slot, this rank's generation, and rank 1 behind it
+    assert "sync slot 0, generation " in results[0], results[0]
+    generation = int(results[0].split("generation ")[1].split(" ")[0])
+    published = json.loads(results[0].split("members published ")[1].split(")")[0])
+    assert published[0] == generation and published[1] < generation, results[0]
 
 
 def flags_body(rank, world_size):

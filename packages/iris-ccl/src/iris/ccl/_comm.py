@@ -18,6 +18,7 @@ from iris.mem import SymmetricHeap, _env
 from iris.mem.log import get_logger
 
 from .config import MAX_PROGRAMS
+from .triton.sync import describe_sync_flag
 
 _log = get_logger(__name__)
 
@@ -157,19 +158,9 @@ class Communicator:
             )
 
     def _describe_flag(self, address: int) -> str:
-        """Where a flag a wait gave up on lies: for a sync slot, its number, this rank's
-        generation of it and the generations the members had published there (a member
-        behind by one never reached that barrier; ranks whose generations differ after
-        the same calls ran different sequences of launches)."""
-        offset = address - self.flags.data_ptr()
-        if not 0 <= offset < self.flags.numel() * self.flags.element_size():
-            return f"flag at {address:#x}"
-        slot = offset // self.flags.element_size() // self.size
-        published = self.flags[slot * self.size : (slot + 1) * self.size].tolist()
-        return (
-            f"flag at {address:#x}: sync slot {slot}, generation {int(self.epochs[slot])} here, "
-            f"members published {published}"
-        )
+        """The flag a wait gave up on, with its sync slot's state when it is one."""
+        slot = describe_sync_flag(address, self.flags, self.epochs, self.size)
+        return f"flag at {address:#x}" + (f": {slot}" if slot else "")
 
     def kernel_args(self) -> tuple:
         """Leading arguments of every collective kernel."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 import iris.mem
+from iris.ccl.triton import describe_sync_flag
 from iris.mem import SymmetricHeap
 from iris.mem.log import get_logger
 
@@ -76,9 +77,13 @@ class Workspace:
         code, rank, peer, address = (int(v) for v in status.tolist())
         if code:
             status.zero_()
+            slot = describe_sync_flag(
+                address, self.buffers["sync_flags"], self.buffers["epochs"], self.buffers["members"].numel()
+            )
+            where = f"flag at {address:#x}" + (f": {slot}" if slot else "")
             raise iris.mem.DeviceWaitTimeout(
-                f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} (flag at "
-                f"{address:#x}) after IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the "
+                f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} ({where}) "
+                f"after IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the "
                 "group must call the same op with the same shapes. The workspace is no longer consistent: "
                 "close it and use a new one"
             )
