@@ -149,18 +149,13 @@ class Communicator:
         code, rank, peer, address = (int(v) for v in self.status.tolist())
         if code:
             self.status.zero_()
-            where = self._describe_flag(address)
+            where = describe_sync_flag(address, self.flags, self.epochs, self.size)
             _log.error("a collective gave up waiting: rank %d for rank %d (%s)", rank, peer, where)
             raise iris.mem.DeviceWaitTimeout(
                 f"rank {rank}: a collective gave up waiting for rank {peer} ({where}) after "
                 f"IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the group must call the "
                 "same collectives in the same order with the same sizes"
             )
-
-    def _describe_flag(self, address: int) -> str:
-        """The flag a wait gave up on, with its sync slot's state when it is one."""
-        slot = describe_sync_flag(address, self.flags, self.epochs, self.size)
-        return f"flag at {address:#x}" + (f": {slot}" if slot else "")
 
     def kernel_args(self) -> tuple:
         """Leading arguments of every collective kernel."""

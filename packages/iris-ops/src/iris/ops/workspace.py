@@ -77,10 +77,8 @@ class Workspace:
         code, rank, peer, address = (int(v) for v in status.tolist())
         if code:
             status.zero_()
-            slot = describe_sync_flag(
-                address, self.buffers["sync_flags"], self.buffers["epochs"], self.buffers["members"].numel()
-            )
-            where = f"flag at {address:#x}" + (f": {slot}" if slot else "")
+            flags, epochs, members = (self.buffers[k] for k in ("sync_flags", "epochs", "members"))
+            where = describe_sync_flag(address, flags, epochs, members.numel())
             raise iris.mem.DeviceWaitTimeout(
                 f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} ({where}) "
                 f"after IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the "

@@ -33,19 +33,19 @@ else:
         tl.inline_asm_elementwise("fence.acq_rel.sys;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
-def describe_sync_flag(address: int, flags, epochs, group_size: int) -> str | None:
-    """Host side, for a wait-timeout message: where the flag at ``address`` lies if it is one
-    of ``flags`` (``[slots, group_size]`` int32, with their ``epochs``): its slot, this rank's
+def describe_sync_flag(address: int, flags, epochs, group_size: int) -> str:
+    """Host side, for a wait-timeout message: ``"flag at 0x..."``, and when the address is one
+    of ``flags`` (``[slots, group_size]`` int32, with their ``epochs``) its slot, this rank's
     generation of it and what every member has published there (reads device memory:
     synchronise first). A member below the generation has not reached that barrier; all at
-    it means the ranks are in step and the peer came later than the timeout. None when the
-    address is not in ``flags``."""
+    it means the ranks are in step and the peer came later than the timeout."""
+    where = f"flag at {address:#x}"
     offset = address - flags.data_ptr()
     if not 0 <= offset < flags.numel() * flags.element_size():
-        return None
+        return where
     slot = offset // flags.element_size() // group_size
     published = flags[slot * group_size : (slot + 1) * group_size].tolist()
-    return f"sync slot {slot}, generation {int(epochs[slot])} here, members published {published}"
+    return f"{where}: sync slot {slot}, generation {int(epochs[slot])} here, members published {published}"
 
 
 @triton.jit
