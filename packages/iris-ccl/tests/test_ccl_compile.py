@@ -25,6 +25,8 @@ import pytest
 import triton
 import triton.language as tl
 
+from iris.mem.testing import unordered_counter_updates
+
 pytestmark = pytest.mark.timeout(600)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -289,6 +291,7 @@ def child_main() -> dict:
                 failures.append(f"{what}: no cubin")
             if qualname.startswith("iris.ccl.all_reduce.") or fn.is_gluon():
                 failures += [f"{what}: {p}" for p in _check_sys_ordering(k.asm["ptx"])]
+            failures += [f"{what}: {p}" for p in unordered_counter_updates(k.asm["ptx"])]
             if qualname == "iris.ccl._ll._ll_kernel":
                 failures += [f"{what}: {p}" for p in _check_ll(k.asm["ptx"])]
             if fn.is_gluon() and profile.get("HINT") == 16 and _thread_bytes(profile) >= 16:
@@ -392,6 +395,23 @@ def test_ll_check_catches_narrow_stores_and_barriers():
     assert len(_check_ll(ptx)) == 3
     ptx = "st.global.v2.b64 [%rd1], {%rd2, %rd3};\nld.volatile.global.v2.b64 {%rd4, %rd5}, [%rd6];"
     assert _check_ll(ptx) == []
+
+
+def test_sync_generations_are_read_before_they_are_stored():
+    """Every kernel was scanned in the child for a counter read by all threads and rewritten
+    by one without a CTA barrier between (the generation race of group_sync, which on
+    H200 made some warps wait out IRIS_WAIT_TIMEOUT without recording it); negative
+    control: the old order of group_sync is caught."""
+    result = _result()
+    racy = [f for f in result["failures"] if "no bar.sync between" in f]
+    assert racy == [], "\n".join(racy)
+    old = (
+        "bar.sync 0;\nld.volatile.global.b32 { %r2 }, [ %rd2 + 0 ];\nadd.s32 %r3, %r2, 1;\n"
+        "@%p15 st.global.b32 [ %rd2 + 0 ], { %r3 };"
+    )
+    assert len(unordered_counter_updates(old)) == 1
+    fixed = old.replace("add.s32", "bar.sync 0;\nadd.s32")
+    assert unordered_counter_updates(fixed) == []
 
 
 def test_unknown_parameters_are_reported():

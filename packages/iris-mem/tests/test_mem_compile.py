@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 import iris.mem.triton as imt
+from iris.mem.testing import unordered_counter_updates
 from iris.mem.triton import Context
 
 pytestmark = pytest.mark.timeout(300)
@@ -273,6 +274,7 @@ def _child_barrier(fails: list, worlds=(1, 2, 8)) -> None:
             )
         if not k.asm.get("cubin"):
             fails.append(f"barrier world={world}: no cubin")
+        fails += [f"barrier world={world}: {p}" for p in unordered_counter_updates(k.asm["ptx"])]
 
 
 def _child_rma(fails: list, debug: bool) -> None:
@@ -482,6 +484,8 @@ def _assert_no_failures(result: dict) -> None:
 
 
 def test_compile_device_barrier():
+    """Release/acquire at system scope, a cubin, and the generation read by every thread
+    before one thread stores the next (checked in the child)."""
     _assert_no_failures(run_child("barrier"))
 
 

@@ -25,6 +25,8 @@ import pytest
 import triton
 import triton.language as tl
 
+from iris.mem.testing import unordered_counter_updates
+
 pytestmark = pytest.mark.timeout(600)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -186,7 +188,7 @@ def ptx_problems(ptx: str, block_m: int = 64) -> list[str]:
     scalar = len(re.findall(r"\b(st|ld)\.global(\.[a-z]+)*\.b16\b", ptx))
     if scalar > 4:  # a bias element or two may be loaded alone; whole tiles must move in vectors
         problems.append(f"{scalar} scalar 16-bit global accesses: a tile moves one element at a time")
-    return problems
+    return problems + unordered_counter_updates(ptx)  # counters every thread reads in order
 
 
 def child_main() -> dict:

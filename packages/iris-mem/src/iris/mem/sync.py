@@ -29,6 +29,9 @@ def _device_barrier_kernel(
     reached it. After ``budget`` ns of waiting for a peer (``IRIS_WAIT_TIMEOUT``), record
     ``[1, RANK, peer, flag address]`` in ``status`` and return."""
     epoch = tl.load(epoch_ptr) + 1
+    # Every thread has read the old generation before one thread stores the new one (a warp
+    # reading after the store would wait for a generation nobody publishes).
+    tl.debug_barrier()
     tl.store(epoch_ptr, epoch)
     for peer in tl.static_range(WORLD):
         ops.atomic_max(flags + RANK, epoch, RANK, peer, heap_bases, sem="release", scope="sys")

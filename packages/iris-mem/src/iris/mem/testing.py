@@ -253,3 +253,34 @@ def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> 
 
 
 __all__ = ["RankResult", "WorldError", "launch_world", "run_example", "run_world"]
+
+
+_SCALAR_LOAD = re.compile(r"^(?:@%p\d+ )?ld(?:\.volatile)?\.global\.b32 \{ %r\d+ \}, \[ (%rd\d+) \+ 0 \];")
+
+
+def unordered_counter_updates(ptx: str) -> list[str]:
+    """Counters that every thread of a program reads and one thread then rewrites with no
+    CTA barrier (``bar.sync``) between, in a kernel's PTX: one PTX line pair per finding.
+
+    Triton lowers ``c = tl.load(p) + 1; tl.store(p, c)`` on a scalar to a load by every
+    thread and a store by one (a predicated ``st.global.b32`` to the same address register);
+    a warp that loads after that store takes ``c + 1`` for its own value, so the threads of
+    one program disagree (a generation counter then makes some warps wait for a generation
+    nobody publishes). A ``tl.debug_barrier()`` between the load and the store orders them.
+    The scan is linear (branches are not followed), which suits the straight-line counter
+    updates of barrier code.
+    """
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    problems = []
+    for i, line in enumerate(lines):
+        match = _SCALAR_LOAD.match(line)
+        if not match:
+            continue
+        store = re.compile(r"^@%p\d+ st\.global\.b32 \[ " + re.escape(match.group(1)) + r" \+ 0 \]")
+        for later in lines[i + 1 :]:
+            if later.startswith(("bar.sync", "barrier.sync")):
+                break
+            if store.match(later):
+                problems.append(f"{line} ... {later}: no bar.sync between")
+                break
+    return problems

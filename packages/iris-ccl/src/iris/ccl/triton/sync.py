@@ -85,6 +85,10 @@ def group_sync(
             thread_fence()  # every thread's earlier loads and stores are performed ...
         tl.debug_barrier()  # ... before the release below
         epoch = tl.load(epochs + slot, volatile=True) + 1  # not a stale L1 line: no fence may precede
+        # Every thread has read the old generation before one thread stores the new one: a
+        # warp reading after that store would take the next generation as its own (threads of
+        # one program disagreeing on the generation: on H200, waits that ran to the budget).
+        tl.debug_barrier()
         tl.store(epochs + slot, epoch)
         row = flags + slot * GROUP
         for i in tl.static_range(GROUP):
