@@ -299,7 +299,7 @@ def back_to_back_body(rank, world_size, use_heap: bool, dtype_name: str):
     """Every case of :func:`_cases`, ``BACK_TO_BACK`` times in a row on separate buffers with
     distinct data, one rank delayed by a GPU sleep before every other call so the members
     drift apart; then every output is checked. Catches a barrier that publishes a flag before
-    its data (kernels whose end barrier skips the per-thread fence) and a bank of ``boxed``
+    its data (no barrier fences per thread: a CTA barrier and a release order them) and a bank of ``boxed``
     reused while a peer still reads it."""
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)

@@ -72,7 +72,7 @@ def _boxed_kernel(
             x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=mask)
             ctx.store(mine + offs, x, group.rank(j), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
     own = src + tl.cast(ME, tl.int64) * src_stride
     t = pid
     while t < ntiles:

@@ -61,7 +61,7 @@ def _push_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
 
 
 @triton.jit

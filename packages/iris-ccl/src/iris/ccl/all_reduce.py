@@ -100,7 +100,7 @@ def _two_shot_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.all_reduce_two_shot(ctx, group, src, dst, offs, offs < n, pid, ME, OP, ACC_FP32, False, HINT)
         t += tl.num_programs(0) * GROUP
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
 
 
 @triton.jit
@@ -139,7 +139,7 @@ def _two_shot_push_kernel(
             x = tl.load(src + tl.cast(j, tl.int64) * chunk + lanes, mask=mask)
             ctx.store(dst + mine + lanes, x, group.rank(j), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
     t = pid
     while t < ntiles:
         lanes = t * BLOCK + tl.arange(0, BLOCK)
@@ -156,7 +156,7 @@ def _two_shot_push_kernel(
         for k in tl.static_range(1, GROUP):
             ctx.store(dst + mine + lanes, x, group.rank((ME + k) % GROUP), mask=mask, hint=HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
 
 
 def _two_shot_push(comm, cfg: Config, src_all, dst_all, in_place: bool, rop: ReduceOp, group) -> None:

@@ -60,7 +60,7 @@ def _push_kernel(
             ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
         )
         t += tl.num_programs(0)
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
 
 
 @triton.jit

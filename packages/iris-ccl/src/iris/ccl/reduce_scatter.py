@@ -78,7 +78,7 @@ def _push_kernel(
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.reduce_scatter_push_send(ctx, group, src, ws, offs, offs < n, n_per_rank, n, HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
     t = pid
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)

@@ -56,4 +56,4 @@ def _push_kernel(
         else:
             tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
         t += gl.num_programs(0)
-    group.sync(ctx, pid)  # remote stores before: every thread fences first
+    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)

@@ -49,9 +49,11 @@ class Group:
         return tl.load(self.members + i)
 
     @triton.jit
-    def sync(self, ctx, slot, fence: tl.constexpr = True):
-        """Barrier of sync slot ``slot`` (usually the program id) across the members;
-        ``fence=False`` where :func:`group_sync` says it is safe (no remote load in flight)."""
+    def sync(self, ctx, slot, fence: tl.constexpr = False):
+        """Barrier of sync slot ``slot`` (usually the program id) across the members: every
+        thread's earlier loads and stores (remote ones included) come before the peers pass
+        it. ``fence=True`` also fences every thread at system scope first (not needed for
+        that; see :func:`group_sync`)."""
         group_sync(
             ctx,
             self.members,

@@ -59,7 +59,7 @@ def group_sync(
     slot,
     GROUP: tl.constexpr,
     ME: tl.constexpr,
-    FENCE: tl.constexpr = True,
+    FENCE: tl.constexpr = False,
 ):
     """Barrier of program ``slot`` with the same program on every member rank.
 
@@ -68,22 +68,19 @@ def group_sync(
     :param flags: ``[slots, GROUP]`` int32 on the heap; ``epochs``: ``[slots]`` int32 on the heap.
     :param status: int64 ``[4]`` on the heap: ``[code, rank, peer, flag address]`` of a timeout.
     :param budget: nanoseconds to wait for each peer before giving up (``IRIS_WAIT_TIMEOUT``).
-    :param FENCE: fence every thread first (``fence.acq_rel.sys``, 2-3 us on H200): every
-        remote store and load this program issued since the last barrier is performed
-        before the peers hear of it. Needed after remote stores the peers read once they
-        pass the barrier: without it a 64 MiB ``two_shot_push`` on H200 lost data (a peer
-        saw the flag before the stores of other warps had landed), although the CTA
-        barrier and the releasing thread's system-scope release should order them by the
-        PTX memory model. Pass False when the remote accesses since the last barrier are
-        loads whose values the program already used before the barrier (they are
-        complete), or when nothing remote happened (a kernel's first barrier).
+    :param FENCE: fence every thread first (``fence.acq_rel.sys``, 2-3 us on H200). Not
+        needed for ordering: the CTA barrier and the releasing thread's system-scope release
+        order every thread's earlier loads and stores (remote ones included) before the
+        peers see the flag, the pattern torch symm_mem's barriers use too. (A 64 MiB
+        ``two_shot_push`` that lost data without it was the generation race fixed below, not a
+        missing fence: ``benchmarks/ccl/NOTES.md`` change 17.) Off by default.
 
     A group of one (``GROUP == 1``) compiles to nothing.
     """
     if GROUP > 1:  # a group of one has nobody to wait for or publish to
         if FENCE:
-            thread_fence()  # every thread's earlier loads and stores are performed ...
-        tl.debug_barrier()  # ... before the release below
+            thread_fence()
+        tl.debug_barrier()  # every thread's earlier loads and stores come before the release below
         epoch = tl.load(epochs + slot, volatile=True) + 1  # not a stale L1 line: no fence may precede
         # Every thread has read the old generation before one thread stores the new one: a
         # warp reading after that store would take the next generation as its own (threads of
