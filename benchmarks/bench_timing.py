@@ -6,10 +6,9 @@ be captured), every graph is replayed once more to bring the clocks up, and then
 contenders are timed in rounds, one replay each per round with the starting contender
 rotating from round to round. So a contender is neither favoured nor penalised by its
 place in the list (the first one timed after an idle GPU used to run 15-20% slow on H200),
-and drift of the clocks over a run spreads over all of them. (``bench_ccl.py`` uses it only
-with ``--interleave``: its full sweeps through this timer on 2 x H200 still hit device wait
-timeouts in warm-ups, at 128 MiB in ``two_shot_push`` among others, which the sequential
-timer never did; cause open: ``benchmarks/ccl/NOTES.md`` changes 14-16.) Result: per contender, the
+and drift of the clocks over a run spreads over all of them. (Until 2026-11-30 its sweeps in
+``bench_ccl.py`` hit stalls of exactly the device wait budget: a race in the collectives'
+barrier, not in this timer; ``benchmarks/ccl/NOTES.md`` changes 16-17.) Result: per contender, the
 median over the rounds of the device time of one call (CUDA events), maximum over ranks.
 
 Every rank must pass the same contenders in the same order: the ranks agree on the number

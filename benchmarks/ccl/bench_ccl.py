@@ -6,8 +6,10 @@ For each collective and per-rank input size from 8 KiB to 1 GiB (bf16 unless --d
 checks iris.ccl's result against NCCL's, then times iris.ccl (every variant, on heap
 tensors), NCCL (torch.distributed) and, for all_reduce, torch symm_mem's one_shot and
 two_shot all-reduce. Times are device times from CUDA events around replays of a CUDA
-graph of several calls, median over repetitions per rank, maximum over ranks. Prints a
-table with bus bandwidth and ratios; writes results.json and ccl_<collective>.png.
+graph of several calls, the contenders of a size timed in interleaved rounds
+(``benchmarks/bench_timing.py``; ``--sequential``: each one after the other), median over
+the rounds per rank, maximum over ranks. Prints a table with bus bandwidth and ratios;
+writes results.json and ccl_<collective>.png.
 """
 
 from __future__ import annotations
@@ -72,6 +74,49 @@ def _time_us(fn, nbytes: int, reps: int) -> float:
     return t.item()
 
 
+#: Variants whose launch shape (tile, warps, programs) --configs varies: the tiled kernels
+#: (``ll`` tiles are words, measured separately; copy_engine and the slow forms keep theirs).
+SHAPED = ("boxed", "one_shot", "two_shot", "two_shot_push", "push", "pull", "gluon")
+
+
+def _parse_shapes(text: str) -> list[dict]:
+    """``"4096x8,16384x32p66"`` -> launch fields per shape (BLOCKxWARPS, optionally pPROGRAMS)."""
+    shapes = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        block, _, rest = item.partition("x")
+        warps, _, programs = rest.partition("p")
+        fields = {"block_size": int(block), "num_warps": int(warps)}
+        if programs:
+            fields["programs"] = int(programs)
+        iris.ccl.Config(**fields)  # a clear error for a bad shape
+        shapes.append(fields)
+    return shapes
+
+
+def _shape_label(shape: dict | None) -> str:
+    if not shape:
+        return ""
+    label = f"@{shape['block_size']}x{shape['num_warps']}"
+    return label + (f"p{shape['programs']}" if "programs" in shape else "")
+
+
+def _best_shapes(row: dict, shapes: list[dict]) -> None:
+    """Fold the ``iris_<variant>@<shape>`` contenders of ``row`` into ``iris_<variant>`` (its
+    best time) and record which shape won in ``row["shapes"]`` (``{}``: the default)."""
+    times = row["times_us"]
+    row["shapes"], row["shape_times_us"] = {}, {}
+    for name in [k for k in times if k.startswith("iris_") and "@" not in k and k != "iris_auto"]:
+        tried = {name: {}} | {
+            f"{name}{_shape_label(s)}": s for s in shapes if f"{name}{_shape_label(s)}" in times
+        }
+        if len(tried) == 1:
+            continue
+        best = min(tried, key=lambda k: times[k])
+        row["shapes"][name[5:]] = tried[best]
+        row["shape_times_us"].update({k: times.pop(k) for k in list(tried) if k != name})
+        times[name] = min(times[name], row["shape_times_us"].get(best, times[name]))
+
+
 def _bus_factor(collective: str, world: int) -> float:
     return 2 * (world - 1) / world if collective == "all_reduce" else (world - 1) / world
 
@@ -96,8 +141,8 @@ class Buffers:
                 print(f"torch symm_mem unavailable: {e}")
 
 
-def _iris_call(collective: str, variant: str, b: Buffers, n: int, world: int):
-    cfg = iris.ccl.Config(variant=variant)
+def _iris_call(collective: str, variant: str, b: Buffers, n: int, world: int, shape: dict | None = None):
+    cfg = iris.ccl.Config(variant=variant, **(shape or {}))
     inp = b.inp[:n]
     if collective == "all_reduce":
         out = b.out[:n]
@@ -126,23 +171,26 @@ def _nccl_call(collective: str, b: Buffers, n: int, world: int):
     return lambda: dist.all_to_all_single(out, inp)
 
 
-def _check(collective: str, variant: str, b: Buffers, n: int, world: int) -> str | None:
-    """Compare iris's result with NCCL's on the same input (fresh random data)."""
+def _check(
+    collective: str, variant: str, b: Buffers, n: int, world: int, shape: dict | None = None
+) -> str | None:
+    """Compare iris's result with NCCL's on the same input (fresh random data): None when it
+    matches, else what went wrong."""
     b.inp[:n].normal_()
     b.nccl_inp[:n].copy_(b.inp[:n])
-    fn, out = _iris_call(collective, variant, b, n, world)
+    fn, out = _iris_call(collective, variant, b, n, world, shape)
     fn()
     ref_fn = _nccl_call(collective, b, n, world)
     ref_fn()
     try:
         iris.ccl.check_errors()  # synchronises; raises if a device wait gave up
     except iris.mem.DeviceWaitTimeout as e:
-        return f"{collective}/{variant} n={n}: {e}"
+        return f"{collective}/{variant}{_shape_label(shape)} n={n}: {e}"
     ref_numel = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world, "all_to_all": n}
     ref = b.nccl_inp[:n] if collective == "all_reduce" else b.nccl_out[: ref_numel[collective]]
     err = (out.float() - ref.float()).abs().max().item()
     tol = 0.1 if collective in ("all_reduce", "reduce_scatter") else 0.0
-    return None if err <= tol else f"{collective}/{variant} n={n}: max error {err}"
+    return None if err <= tol else f"{collective}/{variant}{_shape_label(shape)} n={n}: max error {err}"
 
 
 def main() -> int:
@@ -159,11 +207,18 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--variants", default="", help="comma-separated iris variants to time (default: all)")
     parser.add_argument(
-        "--interleave",
+        "--sequential",
         action="store_true",
-        help="time the contenders of each size in interleaved rounds (benchmarks/bench_timing.py) instead "
-        "of one after another (on 2 x H200 its full sweeps still hit device wait timeouts in warm-ups, "
-        "e.g. two_shot_push at 128 MiB; cause open, see NOTES.md change 16)",
+        help="time each contender right after its check, one after another, instead of in interleaved "
+        "rounds (benchmarks/bench_timing.py); the first contender timed after an idle GPU then runs slow",
+    )
+    parser.add_argument(
+        "--configs",
+        default="",
+        metavar="SHAPES",
+        help="also time every tiled variant (" + ", ".join(SHAPED) + ") with these launch shapes, "
+        "BLOCKxWARPS[pPROGRAMS] comma-separated (e.g. 4096x8,8192x16,16384x32p66); a variant's time is "
+        "its best shape's, which --write-table records in the table",
     )
     parser.add_argument(
         "--write-table",
@@ -173,6 +228,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
+    args.interleave = not args.sequential
+    shapes = _parse_shapes(args.configs)
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dtype = DTYPES[args.dtype]
@@ -191,15 +248,24 @@ def main() -> int:
             row = {"collective": collective, "bytes": nbytes, "dtype": args.dtype, "times_us": {}}
             fns = {}
             for variant in [v for v in IRIS_VARIANTS[collective] if not args.variants or v in args.variants]:
-                problem = _check(collective, variant, bufs, n, world)
-                if args.interleave and any_rank([problem is not None])[0]:  # the same contenders everywhere
-                    problem = problem or f"{collective}/{variant} n={n}: wrong on another rank"
-                if problem:
-                    failures.append(problem)
-                    continue
-                fns[f"iris_{variant}"] = _iris_call(collective, variant, bufs, n, world)[0]
-                if not args.interleave:  # each variant timed right after its check
-                    row["times_us"][f"iris_{variant}"] = _time_us(fns[f"iris_{variant}"], nbytes, args.reps)
+                for shape in [None, *(shapes if variant in SHAPED else ())]:  # None: the default shape
+                    name = f"iris_{variant}{_shape_label(shape)}"
+                    problem = _check(collective, variant, bufs, n, world, shape)
+                    if (
+                        args.interleave and any_rank([problem is not None])[0]
+                    ):  # the same contenders everywhere
+                        problem = problem or f"{collective}/{name[5:]} n={n}: wrong on another rank"
+                    if problem:
+                        failures.append(problem)
+                        if shape is None:
+                            break  # a variant whose default fails is not timed in any shape
+                        continue
+                    fns[name] = _iris_call(collective, variant, bufs, n, world, shape)[0]
+            if not args.variants:  # what Config() (variant "auto", the tuning table) runs
+                fns["iris_auto"] = _iris_call(collective, "auto", bufs, n, world)[0]
+            if not args.interleave:  # each contender timed after all checks, one after another
+                for name in [k for k in fns if k.startswith("iris_")]:
+                    row["times_us"][name] = _time_us(fns[name], nbytes, args.reps)
             fns["nccl"] = _nccl_call(collective, bufs, n, world)
             if collective == "all_reduce" and bufs.symm is not None:
                 group = dist.group.WORLD.group_name
@@ -224,7 +290,10 @@ def main() -> int:
                         if heap.rank == 0:
                             print(f"{name} not timed for {args.dtype}: {str(e).splitlines()[0]}", flush=True)
             iris.ccl.check_errors()  # a device wait that gave up while timed: stop, naming it
-            iris_times = [(v, k) for k, v in row["times_us"].items() if k.startswith("iris_")]
+            _best_shapes(row, shapes)
+            iris_times = [
+                (v, k) for k, v in row["times_us"].items() if k.startswith("iris_") and k != "iris_auto"
+            ]
             if not iris_times:
                 continue
             iris_best = min(iris_times)
@@ -261,14 +330,17 @@ def _write_table(rows, path: str, world: int) -> None:
         for r in sorted((r for r in rows if r["collective"] == collective), key=lambda r: r["bytes"]):
             # gluon needs a GPU: keep the table usable on every backend
             times = {
-                k[5:]: v for k, v in r["times_us"].items() if k.startswith("iris_") and k != "iris_gluon"
+                k[5:]: v
+                for k, v in r["times_us"].items()
+                if k.startswith("iris_") and k not in ("iris_gluon", "iris_auto")
             }
             best = min(times, key=times.get)
+            rule = [best, r.get("shapes", {}).get(best)] if r.get("shapes", {}).get(best) else [best]
             size = r["bytes"] * (world if collective == "all_gather" else 1)
-            if rules and rules[-1][1] == best:
+            if rules and rules[-1][1:] == rule:
                 rules[-1][0] = size
             else:
-                rules.append([size, best])
+                rules.append([size, *rule])
         rules[-1][0] = None
         measured[collective] = rules
     table.setdefault("world_sizes", {})[str(world)] = measured

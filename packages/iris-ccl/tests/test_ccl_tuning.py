@@ -59,12 +59,49 @@ def test_env_table_replaces_the_packaged_one(tmp_path):
     assert out.stdout.split() == ["ring", "boxed", "pull"]
 
 
+def test_table_launch_fields_fill_what_the_caller_left_open(tmp_path):
+    """A rule may carry launch fields: Config(variant="auto") takes them on GPUs, a field the
+    caller set wins, explicit variants and the interpreter keep the measured defaults."""
+    path = tmp_path / "table.json"
+    rules = {c: [[None, "push"]] for c in COLLECTIVES}
+    rules["all_reduce"] = [
+        [1 << 20, "ll"],
+        [None, "one_shot", {"block_size": 16384, "num_warps": 32, "programs": 48}],
+    ]
+    path.write_text(json.dumps({"world_sizes": {"2": rules}}))
+    code = (
+        "from iris.ccl import config as c\n"
+        "def show(cfg): print(cfg.variant, cfg.block_size, cfg.num_warps, cfg.programs)\n"
+        "print(c.auto_rule('all_reduce', 64 << 20, 2), c.auto_rule('all_reduce', 1024, 2))\n"
+        "show(c.select('all_reduce', 64 << 20, 2, False, None))\n"
+        "show(c.select('all_reduce', 64 << 20, 2, False, c.Config(num_warps=8)))\n"
+        "show(c.select('all_reduce', 64 << 20, 2, True, None))\n"
+        "show(c.select('all_reduce', 64 << 20, 2, False, c.Config(variant='one_shot')))\n"
+    )
+    out = _in_child(code, str(path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "('one_shot', {'block_size': 16384, 'num_warps': 32, 'programs': 48}) ('ll', {})"
+    assert lines[1:] == [
+        "one_shot 16384 32 48",
+        "one_shot 16384 8 48",
+        "one_shot 1024 4 0",
+        "one_shot 4096 8 0",
+    ]
+
+
 @pytest.mark.parametrize(
     "content, words",
     [
         ("{not json", ["cannot read the tuning table"]),
         (json.dumps({"default": {"all_reduce": [[1024, "one_shot"]]}}), ["null", "all_reduce"]),
         (json.dumps({"default": {"all_gather": [[None, "two_shot"]]}}), ["variants of all_gather"]),
+        (json.dumps({"default": {"all_reduce": [[None, "ll", {"tiles": 4}]]}}), ["block_size", "all_reduce"]),
+        (json.dumps({"default": {"all_reduce": [[None, "ll", {"num_warps": 3}]]}}), ["valid Config values"]),
+        (
+            json.dumps({"default": {"all_reduce": [[None, "ll", {"programs": True}]]}}),
+            ["valid Config values"],
+        ),
     ],
 )
 def test_bad_table_is_a_clear_error(tmp_path, content, words):

@@ -91,9 +91,11 @@ def check_config(config: object) -> None:
 def select(collective: str, nbytes: int, world_size: int, interpreted: bool, config: Config | None) -> Config:
     """The configuration to run: ``config`` with every "choose" field filled in.
 
-    The variant comes from the tuning table (:func:`auto_variant`); tiles: on the CPU
-    backend (interpreter) larger tiles mean fewer interpreted programs, which is what costs
-    time there.
+    With ``variant="auto"`` the variant, and on GPUs the tile, warps and programs the table
+    measured for it, come from the tuning table (:func:`auto_rule`); fields the caller set
+    win over the table's. Otherwise tiles follow measured defaults; on the CPU backend
+    (interpreter) larger tiles mean fewer interpreted programs, which is what costs time
+    there.
     """
     check_config(config)
     config = config or Config()
@@ -104,20 +106,25 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
             f"{collective}: Config(variant='gluon') needs the cuda backend: Gluon kernels compile for "
             "NVIDIA GPUs only and do not run in Triton's interpreter (the cpu backend); use another variant"
         )
+    measured: dict[str, int] = {}
     if variant == "auto" and collective in VARIANTS:
-        variant = auto_variant(collective, nbytes, world_size)
+        variant, measured = auto_rule(collective, nbytes, world_size)
+        if interpreted:  # the table's launch shapes are GPU measurements
+            measured = {}
+    fields = {name: getattr(config, name) or measured.get(name, 0) for name in TABLE_FIELDS}
     if variant == "ll" and not interpreted:
         # tiles of 32-bit words; measured on 2 x H200 (benchmarks/ccl/NOTES.md)
-        block = config.block_size or (256 if nbytes <= (256 << 10) else 1024 if nbytes <= (2 << 20) else 2048)
+        default = 256 if nbytes <= (256 << 10) else 1024 if nbytes <= (2 << 20) else 2048
     else:
-        block = config.block_size or (1024 if interpreted else (1024 if nbytes <= (64 << 10) else 4096))
-    warps = config.num_warps or (4 if block <= 1024 else 8)
-    chunk = config.chunk_elements or 0
-    return dataclasses.replace(
-        config, variant=variant, block_size=block, num_warps=warps, chunk_elements=chunk
-    )
+        default = 1024 if interpreted else (1024 if nbytes <= (64 << 10) else 4096)
+    fields["block_size"] = fields["block_size"] or default
+    fields["num_warps"] = fields["num_warps"] or (4 if fields["block_size"] <= 1024 else 8)
+    return dataclasses.replace(config, variant=variant, **fields)
 
 
+#: Config fields a tuning-table rule may set besides the variant (``Config(variant="auto")``
+#: on GPUs; fields the caller sets win).
+TABLE_FIELDS = ("block_size", "num_warps", "chunk_elements", "programs")
 #: Environment variable naming a tuning table to use instead of the packaged one.
 TABLE_ENV = "IRIS_CCL_TABLE"
 _PACKAGED_TABLE = Path(__file__).with_name("tuning.json")
@@ -133,13 +140,33 @@ def _load_table(path: str) -> dict:
     for scope in [table.get("default", {}), *table.get("world_sizes", {}).values()]:
         for collective, rules in scope.items():
             ok = isinstance(rules, list) and rules and rules[-1][0] is None
-            ok = ok and all(len(r) == 2 and r[1] in VARIANTS.get(collective, ()) for r in rules)
+            ok = ok and all(_valid_rule(r, collective) for r in rules)
             if not ok:
                 raise RuntimeError(
                     f"iris.ccl: tuning table {path}: rules for {collective!r} must be [[max_bytes, variant], "
-                    f"..., [null, variant]] with variants of {collective}, got {rules!r}"
+                    f"..., [null, variant]] with variants of {collective}, each optionally followed by "
+                    f"{{field: value}} of {list(TABLE_FIELDS)} (valid Config values), got {rules!r}"
                 )
     return table
+
+
+def _valid_rule(rule: object, collective: str) -> bool:
+    """``[max_bytes or None, variant]`` or ``[max_bytes or None, variant, {field: value}]``."""
+    if not isinstance(rule, list) or len(rule) not in (2, 3) or rule[1] not in VARIANTS.get(collective, ()):
+        return False
+    if not (rule[0] is None or (isinstance(rule[0], int) and rule[0] >= 0)):
+        return False
+    if len(rule) == 3:
+        fields = rule[2]
+        if not isinstance(fields, dict) or not set(fields) <= set(TABLE_FIELDS):
+            return False
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in fields.values()):
+            return False
+        try:
+            Config(**fields)
+        except ValueError:
+            return False
+    return True
 
 
 def tuning_table() -> dict:
@@ -151,10 +178,15 @@ def tuning_table() -> dict:
 def auto_variant(collective: str, nbytes: int, world_size: int) -> str:
     """The variant ``Config(variant="auto")`` runs for a message of ``nbytes`` (the output
     for all_gather, the input otherwise) on ``world_size`` ranks."""
+    return auto_rule(collective, nbytes, world_size)[0]
+
+
+def auto_rule(collective: str, nbytes: int, world_size: int) -> tuple[str, dict[str, int]]:
+    """The variant ``Config(variant="auto")`` runs for a message of ``nbytes`` (see
+    :func:`auto_variant`) and the launch fields (of :data:`TABLE_FIELDS`) the table measured
+    for it, ``{}`` where the rule names none."""
     table = tuning_table()
     rules = table.get("world_sizes", {}).get(str(world_size), {}).get(collective)
     rules = rules or table.get("default", {}).get(collective) or [[None, "push"]]
-    for limit, variant in rules:
-        if limit is None or nbytes <= limit:
-            return variant
-    return rules[-1][1]
+    rule = next((r for r in rules if r[0] is None or nbytes <= r[0]), rules[-1])
+    return rule[1], dict(rule[2]) if len(rule) == 3 else {}
