@@ -74,9 +74,10 @@ def _time_us(fn, nbytes: int, reps: int) -> float:
     return t.item()
 
 
-#: Variants whose launch shape (tile, warps, programs) --configs varies: the tiled kernels
-#: (``ll`` tiles are words, measured separately; copy_engine and the slow forms keep theirs).
-SHAPED = ("boxed", "one_shot", "two_shot", "two_shot_push", "push", "pull", "gluon")
+#: Variants whose launch shape (tile, warps, programs) --configs varies: the tiled Triton
+#: kernels the table may pick (``ll`` tiles are words, measured separately; ``gluon`` is never
+#: in the table; copy_engine and the slow forms keep their shapes).
+SHAPED = ("boxed", "one_shot", "two_shot", "two_shot_push", "push", "pull")
 
 
 def _parse_shapes(text: str) -> list[dict]:
