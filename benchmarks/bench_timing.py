@@ -3,9 +3,11 @@
 ``interleaved_us`` times a dict of callables the same way: each is warmed up (compiled, its
 workspaces made), captured in a CUDA graph of a few calls (eager launches where it cannot
 be captured), every graph is replayed once more to bring the clocks up, and then the
-contenders are timed in rounds, one replay each per round with the starting contender
-rotating from round to round. So a contender is neither favoured nor penalised by its
-place in the list (the first one timed after an idle GPU used to run 15-20% slow on H200),
+contenders are timed in rounds, one replay each per round, in an order shuffled from round
+to round (seeded by the round, so every rank runs the same order). So a contender is
+neither favoured nor penalised by its place in the list (the first one timed after an idle
+GPU used to run 15-20% slow on H200) or by the contender before it (with a fixed cyclic
+order, the one after ``bench_ccl``'s slow ``spinlock`` all-reduce measured 10-20% slow),
 and drift of the clocks over a run spreads over all of them. (Until 2026-11-30 its sweeps in
 ``bench_ccl.py`` hit stalls of exactly the device wait budget: a race in the collectives'
 barrier, not in this timer; ``benchmarks/ccl/NOTES.md`` changes 16-17.) Result: per contender, the
@@ -18,6 +20,7 @@ collectives inside the contenders stay matched.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -146,8 +149,9 @@ def interleaved_us(
     names = list(ready)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(reps):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
+        order = list(names)
+        random.Random(r).shuffle(order)  # the same order on every rank (the calls are collectives)
+        for name in order:
             samples[name].append(ready[name].sample_us())
     if check is not None:
         check()
