@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections import Counter
@@ -136,6 +137,10 @@ def setup(
     )
     interpreted = tensors[0].device.type != "cuda"
     cfg = select(collective, nbytes, len(_comm.group_ranks(group)), interpreted, config)
+    if cfg.programs and not (config is not None and config.programs) and not interpreted:
+        # programs from the tuning table, maybe measured on a GPU with more SMs: never more
+        # than this one keeps resident (a program waiting on a twin that is not scheduled hangs)
+        cfg = dataclasses.replace(cfg, programs=min(cfg.programs, _sm_count(tensors[0].device.index or 0)))
     # boxed and ll stage through iris.ccl's own heap: they never spend the caller's heap.
     comm = None if stage or cfg.variant in BOX_VARIANTS else _comm.in_place(tensors, group)
     in_place = comm is not None
