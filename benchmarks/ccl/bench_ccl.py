@@ -248,22 +248,26 @@ def main() -> int:
             n -= n % world
             row = {"collective": collective, "bytes": nbytes, "dtype": args.dtype, "times_us": {}}
             fns = {}
-            for variant in [v for v in IRIS_VARIANTS[collective] if not args.variants or v in args.variants]:
-                for shape in [None, *(shapes if variant in SHAPED else ())]:  # None: the default shape
-                    name = f"iris_{variant}{_shape_label(shape)}"
-                    problem = _check(collective, variant, bufs, n, world, shape)
-                    if (
-                        args.interleave and any_rank([problem is not None])[0]
-                    ):  # the same contenders everywhere
-                        problem = problem or f"{collective}/{name[5:]} n={n}: wrong on another rank"
-                    if problem:
-                        failures.append(problem)
-                        if shape is None:
-                            break  # a variant whose default fails is not timed in any shape
-                        continue
-                    fns[name] = _iris_call(collective, variant, bufs, n, world, shape)[0]
-            if not args.variants:  # what Config() (variant "auto", the tuning table) runs
-                fns["iris_auto"] = _iris_call(collective, "auto", bufs, n, world)[0]
+            variants = [v for v in IRIS_VARIANTS[collective] if not args.variants or v in args.variants]
+            # (variant, launch shape; None: the default); "auto" is what Config() runs (the table)
+            candidates = [(v, s) for v in variants for s in [None, *(shapes if v in SHAPED else ())]]
+            candidates += [] if args.variants else [("auto", None)]
+            failed: set[str] = set()
+            for variant, shape in candidates:
+                if variant in failed:
+                    continue  # a variant whose default fails is not timed in any shape
+                problem = _check(collective, variant, bufs, n, world, shape)
+                if args.interleave and any_rank([problem is not None])[0]:  # the same contenders everywhere
+                    problem = (
+                        problem or f"{collective}/{variant}{_shape_label(shape)} n={n}: wrong on another rank"
+                    )
+                if problem:
+                    failures.append(problem)
+                    failed.update([variant] if shape is None else [])
+                    continue
+                fns[f"iris_{variant}{_shape_label(shape)}"] = _iris_call(
+                    collective, variant, bufs, n, world, shape
+                )[0]
             if not args.interleave:  # each contender timed after all checks, one after another
                 for name in [k for k in fns if k.startswith("iris_")]:
                     row["times_us"][name] = _time_us(fns[name], nbytes, args.reps)
