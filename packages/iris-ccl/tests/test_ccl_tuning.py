@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,6 +111,61 @@ def test_bad_table_is_a_clear_error(tmp_path, content, words):
     out = _in_child("from iris.ccl import config; config.auto_variant('all_reduce', 1, 2)", str(path))
     assert out.returncode != 0
     assert "RuntimeError" in out.stderr and all(w in out.stderr for w in words), out.stderr
+
+
+def test_benchmark_writes_a_table_that_auto_reads(tmp_path, monkeypatch):
+    """benchmarks/ccl/bench_ccl.py --configs --write-table, minus the GPU: rows as the
+    benchmark times them (each shaped variant also in the listed shapes) fold into the
+    fastest variant per size with its winning shape; the table it writes loads, and
+    Config(variant="auto") runs the measured variant in the measured shape."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location(
+        "bench_ccl_under_test", root / "benchmarks/ccl/bench_ccl.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shapes = bench._parse_shapes("8192x16,16384x32p48")
+    assert [bench._shape_label(s) for s in shapes] == ["@8192x16", "@16384x32p48"]
+    with pytest.raises(ValueError, match="num_warps"):
+        bench._parse_shapes("4096x3")
+
+    def row(nbytes, times):
+        r = {"collective": "all_reduce", "bytes": nbytes, "times_us": dict(times)}
+        bench._best_shapes(r, shapes)
+        return r
+
+    rows = [
+        row(
+            8 << 10,
+            {"iris_ll": 4.0, "iris_boxed": 6.0, "iris_boxed@8192x16": 7.0, "iris_auto": 4.1, "nccl": 9.0},
+        ),
+        row(8 << 20, {"iris_ll": 60.0, "iris_boxed": 40.0, "iris_boxed@8192x16": 35.0, "iris_auto": 36.0}),
+        row(32 << 20, {"iris_boxed": 140.0, "iris_two_shot": 118.0, "iris_two_shot@16384x32p48": 111.0}),
+        row(1 << 30, {"iris_two_shot": 3200.0, "iris_copy_engine": 2800.0, "iris_auto": 2700.0}),
+    ]
+    assert rows[1]["times_us"]["iris_boxed"] == 35.0 and rows[1]["shapes"]["boxed"] == shapes[0]
+    assert "iris_boxed@8192x16" not in rows[1]["times_us"] and rows[0]["shapes"]["boxed"] == {}
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: "test GPU")
+    path = tmp_path / "table.json"
+    bench._write_table(rows, str(path), 2)
+    rules = json.loads(path.read_text())["world_sizes"]["2"]["all_reduce"]
+    assert rules == [
+        [8 << 10, "ll"],
+        [8 << 20, "boxed", {"block_size": 8192, "num_warps": 16}],
+        [32 << 20, "two_shot", {"block_size": 16384, "num_warps": 32, "programs": 48}],
+        [None, "copy_engine"],
+    ], rules
+    code = (
+        "from iris.ccl import config as c\n"
+        "for n in (4 << 20, 32 << 20, 64 << 20):\n"
+        "    cfg = c.select('all_reduce', n, 2, False, None)\n"
+        "    print(cfg.variant, cfg.block_size, cfg.num_warps, cfg.programs)\n"
+    )
+    out = _in_child(code, str(path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["boxed 8192 16 0", "two_shot 16384 32 48", "copy_engine 4096 8 0"]
 
 
 def test_missing_table_is_a_clear_error(tmp_path):
