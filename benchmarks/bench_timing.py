@@ -7,7 +7,7 @@ contenders are timed in rounds, one replay each per round, in an order shuffled 
 to round (seeded by the round, so every rank runs the same order). So a contender is
 neither favoured nor penalised by its place in the list (the first one timed after an idle
 GPU used to run 15-20% slow on H200) or by the contender before it (with a fixed cyclic
-order, the one after ``bench_ccl``'s slow ``spinlock`` all-reduce measured 10-20% slow),
+order, the one after ``bench_ccl``'s slow ``spinlock`` all-reduce measured up to 30% slow),
 and drift of the clocks over a run spreads over all of them. (Until 2026-11-30 its sweeps in
 ``bench_ccl.py`` hit stalls of exactly the device wait budget: a race in the collectives'
 barrier, not in this timer; ``benchmarks/ccl/NOTES.md`` changes 16-17.) Result: per contender, the
