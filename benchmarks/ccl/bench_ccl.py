@@ -112,10 +112,11 @@ def _best_shapes(row: dict, shapes: list[dict]) -> None:
         }
         if len(tried) == 1:
             continue
-        best = min(tried, key=lambda k: times[k])
+        best = min(tried, key=times.get)
+        best_us = times[best]
         row["shapes"][name[5:]] = tried[best]
-        row["shape_times_us"].update({k: times.pop(k) for k in list(tried) if k != name})
-        times[name] = min(times[name], row["shape_times_us"].get(best, times[name]))
+        row["shape_times_us"].update({k: times.pop(k) for k in tried if k != name})
+        times[name] = best_us
 
 
 def _bus_factor(collective: str, world: int) -> float:
@@ -179,6 +180,7 @@ def _check(
     matches, else what went wrong."""
     b.inp[:n].normal_()
     b.nccl_inp[:n].copy_(b.inp[:n])
+    what = f"{collective}/{variant}{_shape_label(shape)} n={n}"
     fn, out = _iris_call(collective, variant, b, n, world, shape)
     fn()
     ref_fn = _nccl_call(collective, b, n, world)
@@ -186,12 +188,12 @@ def _check(
     try:
         iris.ccl.check_errors()  # synchronises; raises if a device wait gave up
     except iris.mem.DeviceWaitTimeout as e:
-        return f"{collective}/{variant}{_shape_label(shape)} n={n}: {e}"
+        return f"{what}: {e}"
     ref_numel = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world, "all_to_all": n}
     ref = b.nccl_inp[:n] if collective == "all_reduce" else b.nccl_out[: ref_numel[collective]]
     err = (out.float() - ref.float()).abs().max().item()
     tol = 0.1 if collective in ("all_reduce", "reduce_scatter") else 0.0
-    return None if err <= tol else f"{collective}/{variant}{_shape_label(shape)} n={n}: max error {err}"
+    return None if err <= tol else f"{what}: max error {err}"
 
 
 def main() -> int:
@@ -210,8 +212,9 @@ def main() -> int:
     parser.add_argument(
         "--sequential",
         action="store_true",
-        help="time each contender right after its check, one after another, instead of in interleaved "
-        "rounds (benchmarks/bench_timing.py); the first contender timed after an idle GPU then runs slow",
+        help="time the contenders of a size one after another (each warmed up right before it is timed) "
+        "instead of in interleaved rounds (benchmarks/bench_timing.py); the first one timed after an idle "
+        "GPU then runs slow",
     )
     parser.add_argument(
         "--configs",
@@ -268,9 +271,6 @@ def main() -> int:
                 fns[f"iris_{variant}{_shape_label(shape)}"] = _iris_call(
                     collective, variant, bufs, n, world, shape
                 )[0]
-            if not args.interleave:  # each contender timed after all checks, one after another
-                for name in [k for k in fns if k.startswith("iris_")]:
-                    row["times_us"][name] = _time_us(fns[name], nbytes, args.reps)
             fns["nccl"] = _nccl_call(collective, bufs, n, world)
             if collective == "all_reduce" and bufs.symm is not None:
                 group = dist.group.WORLD.group_name
@@ -286,9 +286,7 @@ def main() -> int:
                 for name, error in errors.items():  # every rank's own reason
                     print(f"rank {heap.rank}: {name} not timed: {error.splitlines()[0]}"[:400], flush=True)
             else:
-                for name, fn in fns.items():
-                    if name in row["times_us"]:
-                        continue
+                for name, fn in fns.items():  # one after another, after every check
                     try:
                         row["times_us"][name] = _time_us(fn, nbytes, args.reps)
                     except NotImplementedError as e:  # torch has no kernel for this dtype (fp16)
@@ -340,7 +338,8 @@ def _write_table(rows, path: str, world: int) -> None:
                 if k.startswith("iris_") and k not in ("iris_gluon", "iris_auto")
             }
             best = min(times, key=times.get)
-            rule = [best, r.get("shapes", {}).get(best)] if r.get("shapes", {}).get(best) else [best]
+            shape = r.get("shapes", {}).get(best)
+            rule = [best, shape] if shape else [best]
             size = r["bytes"] * (world if collective == "all_gather" else 1)
             if rules and rules[-1][1:] == rule:
                 rules[-1][0] = size
