@@ -4,7 +4,8 @@
 workspaces made), captured in a CUDA graph of a few calls (eager launches where it cannot
 be captured), every graph is replayed once more to bring the clocks up, and then the
 contenders are timed in rounds, one replay each per round, in an order shuffled from round
-to round (seeded by the round, so every rank runs the same order). So a contender is
+to round (seeded by the round, so every rank runs the same order), each replay started on
+every device at the same moment (:func:`start_together`). So a contender is
 neither favoured nor penalised by its place in the list (the first one timed after an idle
 GPU used to run 15-20% slow on H200) or by the contender before it (with a fixed cyclic
 order, the one after ``bench_ccl``'s slow ``spinlock`` all-reduce measured up to 30% slow),
@@ -46,6 +47,32 @@ def _device() -> str:
     return "cuda" if dist.get_backend() == "nccl" else "cpu"
 
 
+#: GPU cycles (about 100 us on H200) the stream sleeps before the ranks meet, so the host
+#: has queued everything after the meeting before the GPU gets there.
+_SLEEP_CYCLES = 200_000
+_token: torch.Tensor | None = None
+
+
+def start_together() -> None:
+    """Let the ranks start the next work queued on the current stream at the same moment.
+
+    On CUDA: a sleep kernel (the host queues what follows, the timed work included, while
+    it runs), then a one-element NCCL all-reduce, which ends on every rank within about a
+    microsecond: the timed work then starts together on the devices, not whenever each
+    host got there (``dist.barrier()`` + ``synchronize()`` leaves the hosts' skew, tens of
+    microseconds, which the first collective of a replay waits out and which a replay of a
+    few calls spread over them). Elsewhere: ``dist.barrier()``.
+    """
+    global _token
+    if _device() != "cuda":
+        dist.barrier()
+        return
+    if _token is None:
+        _token = torch.zeros(1, device="cuda")
+    torch.cuda._sleep(_SLEEP_CYCLES)
+    dist.all_reduce(_token)
+
+
 class _Contender:
     """One callable, warmed up and, on CUDA, captured in a graph of ``calls`` calls."""
 
@@ -72,12 +99,12 @@ class _Contender:
 
     def sample_us(self) -> float:
         """Time per call of one replay."""
-        dist.barrier()
         if not self.cuda:
+            dist.barrier()
             start = time.perf_counter()
             self.replay()
             return (time.perf_counter() - start) * 1e6 / self.calls
-        torch.cuda.synchronize()
+        start_together()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         self.replay()

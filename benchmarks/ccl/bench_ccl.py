@@ -29,7 +29,7 @@ import iris.ccl
 import iris.mem
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, interleaved_us, start_together  # noqa: E402 - benchmarks/bench_timing.py
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
@@ -41,7 +41,7 @@ IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VA
 
 def _calls(nbytes: int) -> int:
     """Calls per CUDA graph: enough that a replay is not just launch overhead."""
-    return 20 if nbytes < MiB else 5 if nbytes < 64 * MiB else 1
+    return 20 if nbytes < 16 * MiB else 5 if nbytes < 128 * MiB else 1
 
 
 def _time_us(fn, nbytes: int, reps: int) -> float:
@@ -62,8 +62,7 @@ def _time_us(fn, nbytes: int, reps: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
+        start_together()
         start.record()
         graph.replay()
         end.record()
