@@ -89,19 +89,19 @@ PROFILES = [
         "dtype": "fp32",
         "RANK": 1, "WORLD": 4, "GROUP": 2, "ME": 1, "BLOCK": 1024, "OP": "sum", "ACC_FP32": True,
         "LOCKED": False, "ROOT": 1, "SRC": 0, "DST": 1,
-        "HINT": 16, "ALIASED": False, "MODE": "all_reduce",
+        "HINT": 16, "ALIASED": False, "MODE": "all_reduce", "PDL": True,
     },
     {
         "dtype": "bf16",
         "RANK": 3, "WORLD": 4, "GROUP": 3, "ME": 2, "BLOCK": 512, "OP": "avg", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 2, "SRC": 1, "DST": 0,
-        "HINT": None, "ALIASED": True, "MODE": "all_to_all",
+        "HINT": None, "ALIASED": True, "MODE": "all_to_all", "PDL": False,
     },
     {
         "dtype": "fp32",
         "RANK": 0, "WORLD": 3, "GROUP": 3, "ME": 0, "BLOCK": 256, "OP": "max", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 0, "SRC": 2, "DST": 2,
-        "HINT": 16, "ALIASED": False, "MODE": "reduce_scatter",
+        "HINT": 16, "ALIASED": False, "MODE": "reduce_scatter", "PDL": True,
     },
 ]  # fmt: skip
 ALIGNED = [["tt.divisibility", 16]]
@@ -235,6 +235,19 @@ def _check_vector_stores(ptx: str) -> list[str]:
     return []
 
 
+def _check_pdl(ptx: str) -> list[str]:
+    """Problems with a kernel compiled for programmatic dependent launch: it must wait for
+    the previous launch (griddepcontrol.wait) before its first memory access, and let the
+    next one start (griddepcontrol.launch_dependents)."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    wait = next((i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")), None)
+    if wait is None or not any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines):
+        return ["PDL=True but no griddepcontrol.wait / launch_dependents"]
+    memory = re.compile(r"(ld|st|atom|red)(?!\S*\.(param|shared)\b)\.")
+    early = [ln for ln in lines[:wait] if memory.match(ln)]
+    return [f"memory accesses before griddepcontrol.wait: {early[:3]}"] if early else []
+
+
 def _check_ll(ptx: str) -> list[str]:
     """Problems with the ll kernel's PTX: its flagged words must cross the link as 16-byte
     stores (two 8-byte words, each data and flag together) and be polled with volatile
@@ -294,6 +307,8 @@ def child_main() -> dict:
             failures += [f"{what}: {p}" for p in unordered_counter_updates(k.asm["ptx"])]
             if qualname == "iris.ccl._ll._ll_kernel":
                 failures += [f"{what}: {p}" for p in _check_ll(k.asm["ptx"])]
+            if constexprs.get("PDL"):
+                failures += [f"{what}: {p}" for p in _check_pdl(k.asm["ptx"])]
             if fn.is_gluon() and profile.get("HINT") == 16 and _thread_bytes(profile) >= 16:
                 failures += [f"{what}: {p}" for p in _check_vector_stores(k.asm["ptx"])]
             compiled[qualname] = compiled.get(qualname, 0) + 1
@@ -395,6 +410,20 @@ def test_ll_check_catches_narrow_stores_and_barriers():
     assert len(_check_ll(ptx)) == 3
     ptx = "st.global.v2.b64 [%rd1], {%rd2, %rd3};\nld.volatile.global.v2.b64 {%rd4, %rd5}, [%rd6];"
     assert _check_ll(ptx) == []
+
+
+def test_pdl_check_catches_accesses_before_the_wait():
+    """Negative control of the PDL check: a global load before griddepcontrol.wait, and a
+    kernel without the wait; parameter and shared-memory accesses before it are fine."""
+    wait = "griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\n"
+    assert _check_pdl("ld.global.b32 %r1, [%rd1];\n" + wait) != []
+    assert _check_pdl("ld.param.b64 %rd1, [p];\nld.global.b32 %r1, [%rd1];") != []
+    assert (
+        _check_pdl(
+            "ld.param.b64 %rd1, [p];\nst.shared.b32 [%r2], %r1;\n" + wait + "ld.global.b32 %r1, [%rd1];"
+        )
+        == []
+    )
 
 
 def test_sync_generations_are_read_before_they_are_stored():

@@ -38,7 +38,7 @@ from iris.mem.triton import Context
 from . import _host, _ll
 from .config import Config
 from .triton import Group, tiles
-from .triton.sync import advance_launch_counter
+from .triton.sync import advance_launch_counter, enter_launch
 
 #: Bytes before the boxes in the staging buffer: the launch counter.
 _HEADER = 256
@@ -54,9 +54,11 @@ def _boxed_kernel(
     box_stride,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Member ``j`` is sent ``src[j * src_stride + t]`` (``src_stride`` 0: the same data to
     everyone); member ``i``'s data ends in ``dst[i * dst_stride + t]`` (reductions: ``dst[t]``)."""
+    enter_launch(PDL)
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)

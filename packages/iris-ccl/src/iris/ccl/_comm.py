@@ -149,7 +149,7 @@ class Communicator:
         code, rank, peer, address = (int(v) for v in self.status.tolist())
         if code:
             self.status.zero_()
-            where = describe_sync_flag(address, self.flags, self.epochs, self.size)
+            where = describe_sync_flag(address, self.flags, self.epochs, self.size, self.index)
             _log.error("a collective gave up waiting: rank %d for rank %d (%s)", rank, peer, where)
             raise iris.mem.DeviceWaitTimeout(
                 f"rank {rank}: a collective gave up waiting for rank {peer} ({where}) after "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from collections import Counter
 from typing import Any
 
@@ -163,6 +164,8 @@ def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **me
             f"internal: {grid} programs of {getattr(kernel, '__name__', kernel)} exceed the "
             f"{resident_programs(comm, cfg)} that persistent kernels use"
         )
+    if "PDL" in kernel.arg_names:
+        meta = {**meta, "PDL": pdl(comm), "launch_pdl": pdl(comm)}
     kernel[(grid,)](
         *comm.kernel_args(),
         *args,
@@ -173,6 +176,20 @@ def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **me
     )
     if comm.heap.backend == "cpu":
         comm.check()
+
+
+def pdl(comm: _comm.Communicator) -> bool:
+    """Whether kernels that start with :func:`~iris.ccl.triton.sync.enter_launch` are
+    launched with programmatic dependent launch: on GPUs of compute capability 9 or later,
+    unless ``IRIS_CCL_PDL=0``."""
+    if comm.device.type != "cuda" or os.environ.get("IRIS_CCL_PDL", "1") == "0":
+        return False
+    return _capability(comm.device.index or 0) >= (9, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 @functools.cache

@@ -46,7 +46,7 @@ from iris.mem.utils import global_timer
 from . import _host
 from .config import Config
 from .triton import Group
-from .triton.sync import advance_launch_counter, combine, record_timeout
+from .triton.sync import advance_launch_counter, combine, enter_launch, record_timeout
 
 #: Bytes before the boxes in the staging buffer: the launch counter.
 _HEADER = 256
@@ -139,12 +139,13 @@ def _ll_kernel(
     context, members, flags, epochs, status, budget, src, dst, boxes, launches, n, src_stride, dst_stride,
     box_stride,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr,
+    MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Member ``j`` is sent ``src[j * src_stride + e]``, ``e < n`` (``src_stride`` 0: the
     same data to everyone); member ``i``'s data ends in ``dst[i * dst_stride + e]``
     (reductions: ``dst[e]``). A tile is ``BLOCK`` words whose low 32 bits hold ``TILE``
     consecutive elements."""
+    enter_launch(PDL)
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)

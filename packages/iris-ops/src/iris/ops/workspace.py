@@ -78,7 +78,8 @@ class Workspace:
         if code:
             status.zero_()
             flags, epochs, members = (self.buffers[k] for k in ("sync_flags", "epochs", "members"))
-            where = describe_sync_flag(address, flags, epochs, members.numel())
+            index = members.tolist().index(self.heap.rank)
+            where = describe_sync_flag(address, flags, epochs, members.numel(), index)
             raise iris.mem.DeviceWaitTimeout(
                 f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} ({where}) "
                 f"after IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the "

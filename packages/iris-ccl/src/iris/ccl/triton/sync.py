@@ -2,10 +2,11 @@
 
 Every program ``p`` of a collective kernel on every member rank owns slot ``p``: a local
 generation counter ``epochs[p]`` and one flag per member, ``flags[p, i]``, written by member
-``i``. :func:`group_sync` bumps the generation, publishes it in every member's
-``flags[p, ME]`` (release, system scope) and waits (acquire) until all of its own
-``flags[p, :]`` have reached it. Generations only grow and every member runs the same
-sequence of launches, so nothing needs resetting between calls or CUDA graph replays.
+``i``. :func:`group_sync` bumps the generation, publishes it in every other member's
+``flags[p, ME]`` (release, system scope) and waits (acquire) until the peers' entries of its
+own ``flags[p, :]`` have reached it (its own entry is never written). Generations only
+grow and every member runs the same sequence of launches, so nothing needs resetting
+between calls or CUDA graph replays.
 """
 
 import triton
@@ -21,7 +22,25 @@ if _env.interpreted():
         """Interpreter: programs run one at a time in program order; nothing to fence."""
         pass
 
+    @triton.jit
+    def enter_launch(PDL: tl.constexpr):
+        """Interpreter: launches run one after another; nothing to wait for."""
+        pass
+
 else:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    @triton.jit
+    def enter_launch(PDL: tl.constexpr):
+        """Start of a kernel launched with programmatic dependent launch (``PDL``): wait
+        until the launch before it in the stream has completed and its memory operations
+        are visible (``griddepcontrol.wait``), then let the launch after it start its
+        programs now (``griddepcontrol.launch_dependents``), so that they are resident and
+        waiting here when this one ends, instead of being launched then (1-2 us between
+        consecutive kernels of a CUDA graph on H200). Nothing may touch memory before it."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
 
     @triton.jit
     def thread_fence():
@@ -33,18 +52,21 @@ else:
         tl.inline_asm_elementwise("fence.acq_rel.sys;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
-def describe_sync_flag(address: int, flags, epochs, group_size: int) -> str:
+def describe_sync_flag(address: int, flags, epochs, group_size: int, index: int) -> str:
     """Host side, for a wait-timeout message: ``"flag at 0x..."``, and when the address is one
     of ``flags`` (``[slots, group_size]`` int32, with their ``epochs``) its slot, this rank's
     generation of it and what every member has published there (reads device memory:
-    synchronise first). A member below the generation has not reached that barrier; all at
-    it means the ranks are in step and the peer came later than the timeout."""
+    synchronise first; ``index``: this rank's position in the group, whose entry is its own
+    generation, since a member publishes only to its peers). A member below the generation
+    has not reached that barrier; all at it means the ranks are in step and the peer came
+    later than the timeout."""
     where = f"flag at {address:#x}"
     offset = address - flags.data_ptr()
     if not 0 <= offset < flags.numel() * flags.element_size():
         return where
     slot = offset // flags.element_size() // group_size
     published = flags[slot * group_size : (slot + 1) * group_size].tolist()
+    published[index] = int(epochs[slot])
     return f"{where}: sync slot {slot}, generation {int(epochs[slot])} here, members published {published}"
 
 
@@ -88,11 +110,15 @@ def group_sync(
         tl.debug_barrier()
         tl.store(epochs + slot, epoch)
         row = flags + slot * GROUP
+        # Published to the peers only: nobody reads this member's own entry (releasing it
+        # and waiting for it cost a local atomic round on the path of every barrier).
         for i in tl.static_range(GROUP):
-            ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
+            if i != ME:
+                ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
         for i in tl.static_range(GROUP):
-            if wait_at_least(row + i, epoch, budget) < epoch:
-                record_timeout(status, ctx.rank, tl.load(members + i), row + i)
+            if i != ME:
+                if wait_at_least(row + i, epoch, budget) < epoch:
+                    record_timeout(status, ctx.rank, tl.load(members + i), row + i)
         tl.debug_barrier()  # every thread reads after the acquire above
 
 
