@@ -276,3 +276,17 @@ def test_collectives_log_through_the_rank_aware_logger():
         )
         call = f"[{rank}/2] DEBUG iris.ccl._host: all_reduce: 400 bytes"
         assert any(call in ln and "variant='ll'" in ln for ln in lines)
+
+
+def test_programmatic_dependent_launch_only_on_gpus_and_switchable(monkeypatch):
+    """``_host.pdl``: never for the CPU backend (the interpreter has no griddepcontrol), and
+    ``IRIS_CCL_PDL=0`` turns it off before the device is even looked at."""
+    import types
+
+    from iris.ccl import _host
+
+    monkeypatch.delenv("IRIS_CCL_PDL", raising=False)
+    assert _host.pdl(types.SimpleNamespace(device=torch.device("cpu"))) is False
+    monkeypatch.setenv("IRIS_CCL_PDL", "0")
+    # a CUDA device index that may not exist: with the switch off it is never queried
+    assert _host.pdl(types.SimpleNamespace(device=torch.device("cuda", 7))) is False
