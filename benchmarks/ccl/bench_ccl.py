@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -29,7 +28,7 @@ import iris.ccl
 import iris.mem
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, interleaved_us, start_together  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
@@ -42,35 +41,6 @@ IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VA
 def _calls(nbytes: int) -> int:
     """Calls per CUDA graph: enough that a replay is not just launch overhead."""
     return 20 if nbytes < 16 * MiB else 5 if nbytes < 128 * MiB else 1
-
-
-def _time_us(fn, nbytes: int, reps: int) -> float:
-    """Median device time of one ``fn()`` in microseconds, from CUDA graph replays."""
-    calls = _calls(nbytes)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()  # warm-up: compile, allocate workspaces, outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        start_together()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / calls)
-    t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 #: Variants whose launch shape (tile, warps, programs) --configs varies: the tiled Triton
@@ -259,7 +229,7 @@ def main() -> int:
                 if variant in failed:
                     continue  # a variant whose default fails is not timed in any shape
                 problem = _check(collective, variant, bufs, n, world, shape)
-                if args.interleave and any_rank([problem is not None])[0]:  # the same contenders everywhere
+                if any_rank([problem is not None])[0]:  # the same contenders everywhere
                     problem = (
                         problem or f"{collective}/{variant}{_shape_label(shape)} n={n}: wrong on another rank"
                     )
@@ -277,20 +247,17 @@ def main() -> int:
                 one, two = torch.ops.symm_mem.one_shot_all_reduce, torch.ops.symm_mem.two_shot_all_reduce_
                 fns["symm_one_shot"] = lambda s=s, g=group, f=one: f(s, "sum", g)
                 fns["symm_two_shot"] = lambda s=s, g=group, f=two: f(s, "sum", g)
-            if args.interleave:
-                errors: dict[str, str] = {}
-                row["times_us"] = interleaved_us(
-                    fns, args.reps, calls=_calls(nbytes), errors=errors, check=iris.ccl.check_errors
+            # interleaved rounds of all contenders, or (--sequential) each one's rounds in turn
+            batches = [fns] if args.interleave else [{name: fn} for name, fn in fns.items()]
+            errors: dict[str, str] = {}
+            for batch in batches:
+                row["times_us"].update(
+                    interleaved_us(
+                        batch, args.reps, calls=_calls(nbytes), errors=errors, check=iris.ccl.check_errors
+                    )
                 )
-                for name, error in errors.items():  # every rank's own reason
-                    print(f"rank {heap.rank}: {name} not timed: {error.splitlines()[0]}"[:400], flush=True)
-            else:
-                for name, fn in fns.items():  # one after another, after every check
-                    try:
-                        row["times_us"][name] = _time_us(fn, nbytes, args.reps)
-                    except NotImplementedError as e:  # torch has no kernel for this dtype (fp16)
-                        if heap.rank == 0:
-                            print(f"{name} not timed for {args.dtype}: {str(e).splitlines()[0]}", flush=True)
+            for name, error in errors.items():  # every rank's own reason (e.g. no fp16 symm_mem kernel)
+                print(f"rank {heap.rank}: {name} not timed: {error.splitlines()[0]}"[:400], flush=True)
             iris.ccl.check_errors()  # a device wait that gave up while timed: stop, naming it
             _best_shapes(row, shapes)
             iris_times = [

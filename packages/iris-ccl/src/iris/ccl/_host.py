@@ -165,7 +165,8 @@ def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **me
             f"{resident_programs(comm, cfg)} that persistent kernels use"
         )
     if "PDL" in kernel.arg_names:
-        meta = {**meta, "PDL": pdl(comm), "launch_pdl": pdl(comm)}
+        on = pdl(comm)
+        meta = {**meta, "PDL": on, "launch_pdl": on}
     kernel[(grid,)](
         *comm.kernel_args(),
         *args,
