@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --out benchmarks/ops/results --plot
     torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --quick            # 3 shapes
     torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --tune --quick     # try configs
+    torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --tune --configs "order=spread;block_n=128"
     torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --shapes 1024x8192x4096 --ops matmul_all_reduce
     python benchmarks/ops/bench_ops.py --replot benchmarks/ops/results/results.json
     IRIS_BACKEND=cpu torchrun --nproc-per-node 2 benchmarks/ops/bench_ops.py --smoke  # no GPU
@@ -28,7 +29,8 @@ timed in interleaved rounds (``benchmarks/bench_timing.py``), median over the ro
 rank, maximum over ranks. Prints a table with ratios; writes results.json (and PNGs with --plot).
 ``bound`` is (matmul + NCCL) / matmul: the most any fused op can gain over matmul + NCCL
 with a GEMM as fast as torch.matmul's and all of the communication hidden.
-``--tune`` tries a few Configs per op and shape and prints the fastest. ``--smoke`` runs the
+``--tune`` tries a few Configs per op and shape and prints the fastest (``--configs``: the
+given ones against the default instead). ``--smoke`` runs the
 whole script on the CPU backend (gloo, tiny shapes, wall-clock times) to check it without GPUs.
 """
 
@@ -78,6 +80,8 @@ DECODE_TILES = [
 
 #: Where the run's tensors live: "cuda", or "cpu" with --smoke.
 DEVICE = "cuda"
+#: --configs: the Configs --tune times against the default instead of its own candidates.
+CONFIGS = None
 
 
 @dataclasses.dataclass
@@ -263,11 +267,30 @@ def run(bench: Bench, ops, shapes, reps: int) -> tuple[list[dict], list[str]]:
     return rows, failures
 
 
+def parse_configs(text: str) -> list:
+    """``"order=spread;block_n=128,num_stages=4"``: one Config per ``;``-separated item of
+    ``field=value`` pairs (ints, ``true``/``false``, or strings)."""
+    import iris.ops
+
+    def value(v: str):
+        if v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        return int(v) if v.lstrip("-").isdigit() else v
+
+    configs = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        fields = dict(pair.split("=", 1) for pair in item.split(","))
+        configs.append(iris.ops.Config(**{k.strip(): value(v.strip()) for k, v in fields.items()}))
+    return configs
+
+
 def _candidates(op: str, m: int, world: int):
     """Configs --tune times for ``op`` at ``m`` output rows: the default, other tiles with
     and without TMA, and the op's own knobs."""
     import iris.ops
 
+    if CONFIGS is not None:
+        return [None, *CONFIGS]
     rows = m if op in ("matmul_all_reduce", "matmul_reduce_scatter") else m // world
     tiles = PREFILL_TILES if rows > 128 else DECODE_TILES
     out = [None]
@@ -278,6 +301,8 @@ def _candidates(op: str, m: int, world: int):
     out += [iris.ops.Config(group_m=g) for g in (4, 16)]
     if op == "matmul_all_reduce":
         out += [iris.ops.Config(split="m"), iris.ops.Config(split="n")]
+    if op in ("matmul_all_reduce", "matmul_reduce_scatter"):
+        out += [iris.ops.Config(order=o) for o in ("peers_first", "spread")]
     if op == "all_gather_matmul":
         out += [iris.ops.Config(comm_sms=c) for c in (8, 32)]
     return out
@@ -347,6 +372,11 @@ def main() -> int:
     parser.add_argument(
         "--shapes", default="", help="comma-separated MxNxK shapes instead of the defaults, e.g. 1x4096x512"
     )
+    parser.add_argument(
+        "--configs",
+        default="",
+        help='with --tune, time these against the default: "order=spread;block_n=128"',
+    )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--plot", action="store_true", help="write PNG plots (needs matplotlib)")
     parser.add_argument("--replot", metavar="RESULTS_JSON", help="only redraw the plots of an earlier run")
@@ -358,7 +388,9 @@ def main() -> int:
         with open(args.replot) as f:
             _plot(json.load(f)["rows"], os.path.dirname(args.replot))
         return 0
-    global DEVICE
+    global DEVICE, CONFIGS
+    if args.configs:
+        CONFIGS = parse_configs(args.configs)
     if args.smoke:
         DEVICE = "cpu"
         dist.init_process_group("gloo")

@@ -28,6 +28,7 @@ def test_config_validates_fields():
         (dict(num_sms=5000), "num_sms"),
         (dict(comm_sms=-1), "comm_sms must be >= 0"),
         (dict(split="k"), "split"),
+        (dict(order="backwards"), "order"),
     ]:
         with pytest.raises(ValueError, match=text):
             iris.ops.Config(**kwargs)
@@ -203,6 +204,18 @@ def flags_body(rank, world_size):
                     want = vector and op != "matmul_all_reduce"
                     if flag in meta and meta[flag] != want:
                         bad.append(f"{op} {m}x{n}x{k}: {flag}={meta[flag]}, expected {want}")
+        # Column chunks of B read through TMA only when each starts on 16 bytes (12 columns
+        # of bf16 do not, 16 do); A's rows are aligned either way.
+        for n, want_b in ((2 * 12, False), (2 * 16, True)):
+            a, b = rand((32, 48), torch.bfloat16, rank), rand((48, n), torch.bfloat16, rank + 7)
+            seen.clear()
+            out = torch.empty(32, n // 2, dtype=a.dtype)
+            iris.ops.matmul_reduce_scatter(out, a, b, scatter_dim=1, config=tma)
+            got = (seen[-1]["TMA_A"], seen[-1]["TMA_B"])
+            if got != (True, want_b):
+                bad.append(
+                    f"matmul_reduce_scatter 32x{n}x48 dim=1: (TMA_A, TMA_B) = {got}, want (True, {want_b})"
+                )
         iris.ops.release_workspaces()
         heap.barrier()
     _host.launch = real

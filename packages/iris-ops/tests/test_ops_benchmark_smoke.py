@@ -67,3 +67,15 @@ def test_bench_ops_tune_smoke(tmp_path):
     timed = [t for t, _, problem in best["all"] if problem is None]
     assert len(timed) >= 2 and best["best_us"] == min(timed), best
     assert "BEST matmul_reduce_scatter" in output
+
+
+@pytest.mark.skipif(not BENCH.is_file(), reason=f"{BENCH} not found (not a source checkout)")
+def test_bench_ops_tune_given_configs(tmp_path):
+    """--configs times exactly the given Configs against the default (and checks them)."""
+    args = ["--smoke", "--tune", "--ops", "matmul_all_reduce", "--shapes", "36x40x24", "--reps", "1"]
+    _run(args + ["--configs", "order=spread,num_sms=2;block_n=32,tma=false", "--out", str(tmp_path)])
+    with open(tmp_path / "tune.json") as f:
+        (best,) = json.load(f)
+    names = [name for _, name, _ in best["all"]]
+    assert names == ["default", "num_sms=2,order=spread", "block_n=32,tma=False"], names
+    assert all(problem is None for _, _, problem in best["all"]), best

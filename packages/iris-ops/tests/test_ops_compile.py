@@ -42,6 +42,7 @@ FIXED = {
     "budget": "i64",
     "state": "*i32",
     "ready": "*i32",
+    "exits": "*i32",
 }
 DATA_POINTERS = {"a", "b", "bias", "out", "ws"}
 #: Integer arguments: sizes and strides a real launch passes as 16-divisible values.
@@ -74,15 +75,23 @@ DESCRIPTORS = {"a_desc": ("block_m", "block_k"), "b_desc": ("block_k", "block_n"
 #: (name, dtype, rows, cols of the output tiles, flags[, wide]) per profile.
 PROFILES = [
     ("bf16 prefill", "bf16", 8192, 8192, _flags(True, True, False, False)),
-    ("fp16 decode", "fp16", 64, 8192, _flags(True, False, True, True)),
-    ("fp32 tf32", "fp32", 1024, 4096, _flags(False, True, False, True)),
+    ("fp16 decode", "fp16", 64, 8192, {**_flags(True, False, True, True), "ALL_REDUCE": False}),
+    ("fp32 tf32", "fp32", 1024, 4096, {**_flags(False, True, False, True), "SPREAD": True}),
     ("bf16 TMA", "bf16", 8192, 8192, _flags(False, False, True, False, tma=True)),
     ("bf16 decode gathered", "bf16", 16, 8192, {**_flags(True, True, False, False), "COMBINED": True}),
     # Up to 16 rows: 16-row tiles (mma.sync rather than wgmma), here read through TMA.
     ("bf16 decode TMA", "bf16", 1, 8192, _flags(False, False, True, False, tma=True)),
     # Few tiles per SM with wide=True (all_gather_matmul, matmul_reduce_scatter): 128x256x64,
-    # 4 stages, the largest shared-memory footprint of the table.
-    ("bf16 TMA wide", "bf16", 512, 8192, _flags(False, False, True, False, tma=True), True),
+    # 4 stages, the largest shared-memory footprint of the table; the "spread" tile order.
+    # matmul_reduce_scatter (exit flags instead of a start barrier).
+    (
+        "bf16 TMA wide",
+        "bf16",
+        512,
+        8192,
+        {**_flags(False, False, True, False, tma=True), "SPREAD": True, "ALL_REDUCE": False},
+        True,
+    ),
 ]
 COMMON = {
     "RANK": 1,

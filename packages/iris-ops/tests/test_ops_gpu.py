@@ -5,7 +5,9 @@
   fp32 (tf32), bias on and off, heap and plain outputs, against the float64 matmul and
   torch.distributed over NCCL (the case functions of the CPU-tier tests, at GPU sizes).
 * Back-to-back calls: 50 calls of each op on one workspace with no synchronisation between
-  them (ranks drift apart; the flags' generations must keep calls apart), then a check.
+  them (ranks drift apart; the flags' generations must keep calls apart), then a check; and
+  24 calls with different data each while one rank's GPU is loaded by a second stream,
+  every call's output checked.
 * CUDA graphs: each op warmed up, captured once in ``torch.cuda.graph``, then replayed three
   times, each after refilling its inputs in place with fresh random data.
 """
@@ -58,6 +60,8 @@ AR_CASES = [
     dict(dtype=BF, shape=(1024, 8192, 4096), bias=False, out_kind="heap", repeat=3),
     dict(dtype=BF, shape=(1024, 8192, 4096), bias=True, out_kind="plain", split="n"),
     dict(dtype=BF, shape=(1024, 8192, 4096), bias=True, out_kind="heap", tma=False),
+    dict(dtype=BF, shape=(1024, 8192, 4096), bias=True, out_kind="heap", order="spread", repeat=2),
+    dict(dtype=BF, shape=(8192, 8192, 4096), bias=False, out_kind="plain", order="spread"),
     dict(dtype=BF, shape=(1, 8192, 4096), bias=True, out_kind="heap"),
     dict(dtype=BF, shape=(128, 8192, 4096), bias=False, out_kind="plain"),
     dict(dtype=FP16, shape=(1000, 3000, 1999), bias=True, out_kind="strided"),
@@ -68,6 +72,9 @@ RS_CASES = [
     dict(dtype=BF, shape=(1024, 8192, 4096), bias=True, out_kind="plain", scatter_dim=0, repeat=3),
     dict(dtype=BF, shape=(1024, 8192, 4096), bias=False, out_kind="plain", scatter_dim=1),
     dict(dtype=BF, shape=(1024, 8192, 4096), bias=True, out_kind="plain", scatter_dim=0, tma=False),
+    dict(dtype=BF, shape=(1024, 8192, 4096), bias=False, out_kind="heap", scatter_dim=0, order="peers_first"),
+    dict(dtype=BF, shape=(8192, 8192, 4096), bias=True, out_kind="plain", scatter_dim=0, order="spread"),
+    dict(dtype=FP16, shape=(1998, 3000, 1999), bias=True, out_kind="plain", scatter_dim=1, order="spread"),
     dict(dtype=BF, shape=(128, 8192, 4096), bias=True, out_kind="heap", scatter_dim=0),
     dict(dtype=FP16, shape=(1998, 3000, 1999), bias=True, out_kind="strided", scatter_dim=0),
     dict(dtype=FP32, shape=(777, 1538, 1000), bias=False, out_kind="plain", scatter_dim=1),
@@ -197,6 +204,53 @@ def back_to_back_body(rank, world_size, calls=50, shape=(1000, 3072, 2048), heap
 def test_back_to_back_calls():
     require_world(2)
     assert_clean(run_world(back_to_back_body, 2, timeout=WORLD_TIMEOUT), len(CASE_FNS))
+
+
+def skewed_body(rank, world_size, calls=24):
+    """Back-to-back calls with different data each (``a`` scaled by a power of two, so every
+    call's exact result is known) while rank 1's GPU also runs large matmuls on a second
+    stream, so its calls run slower and the other rank starts each call early: a push of
+    call g + 1 that lands before its owner has read call g's shows in call g's output."""
+    import iris.mem
+    import iris.ops
+
+    dev = setup_rank()
+    scales = (1.0, -2.0, 4.0, -1.0, 2.0, -4.0)
+    side = torch.cuda.Stream()
+    load = [torch.randn(4096, 4096, device=dev, dtype=BF) for _ in range(2)]
+    bad = []
+    with iris.mem.init(HEAP) as heap:
+        for op in sorted(CASE_FNS):
+            p = Problem(op, rank, world_size, _allocator(heap, dev))
+            p.fill(0)
+            base = p.a.clone()
+            want, scale = p.expect()
+            outs = []
+            for i in range(calls):
+                if rank == 1 and i % 3 == 0:
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        for _ in range(4):
+                            torch.matmul(load[0], load[1])
+                p.a.copy_(base * scales[i % len(scales)])
+                p.call()
+                outs.append(p.out.clone())
+            _synchronize()
+            for i, got in enumerate(outs):
+                s = scales[i % len(scales)]
+                if (msg := mismatch(got, want * s, scale * abs(s), f"{op} call {i} of {calls}")) is not None:
+                    bad.append(msg)
+                    break
+            dist.barrier()
+        iris.ops.check_errors()
+        iris.ops.release_workspaces()
+        _synchronize()
+    return {"bad": bad, "cases": len(CASE_FNS)}
+
+
+def test_skewed_ranks_fresh_data_every_call():
+    require_world(2)
+    assert_clean(run_world(skewed_body, 2, timeout=WORLD_TIMEOUT), len(CASE_FNS))
 
 
 def graph_body(rank, world_size, use_heap):

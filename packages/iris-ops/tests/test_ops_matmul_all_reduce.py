@@ -40,6 +40,16 @@ CASES = {
         dict(dtype=torch.bfloat16, shape=SHAPES[0], bias=True, out_kind="heap", split="m"),
         dict(dtype=torch.float32, shape=SHAPES[2], bias=False, out_kind="plain", split="n"),
         dict(dtype=torch.float16, shape=SHAPES[1], bias=True, out_kind="strided", split="auto", tma=True),
+        dict(
+            dtype=torch.float32,
+            shape=(40, 45, 20),
+            bias=True,
+            out_kind="plain",
+            split="m",
+            order="spread",
+            sms=3,
+            repeat=2,
+        ),
     ],
     3: [
         dict(dtype=torch.bfloat16, shape=SHAPES[0], bias=True, out_kind="plain", split="m", repeat=2),
@@ -47,13 +57,35 @@ CASES = {
         dict(dtype=torch.float16, shape=SHAPES[2], bias=True, out_kind="heap", split="m"),
         # M = 2 < 3 ranks: chunk 2 owns no rows.
         dict(dtype=torch.bfloat16, shape=(2, 40, 24), bias=False, out_kind="strided", split="m"),
+        # The "spread" order with 3 programs for 12-15 tiles: every program walks several
+        # tiles (odd ones backwards) and parks own tiles; the output staged or in place.
+        dict(
+            dtype=torch.bfloat16,
+            shape=(45, 40, 43),
+            bias=True,
+            out_kind="heap",
+            split="m",
+            order="spread",
+            sms=3,
+        ),
+        dict(
+            dtype=torch.float16,
+            shape=(37, 50, 24),
+            bias=False,
+            out_kind="strided",
+            split="n",
+            order="spread",
+            sms=3,
+            repeat=2,
+        ),
     ],
 }
 
 
 def ar_case(
-    rank, world, case, heap, dtype, shape, bias, out_kind, split="auto", repeat=1, group=None, tma=None
-):
+    rank, world, case, heap, dtype, shape, bias, out_kind, split="auto", repeat=1, group=None, tma=None,
+    order="auto", sms=0,
+):  # fmt: skip
     """``repeat`` calls on one workspace against the reference; returns the problems found."""
     import iris.ops
 
@@ -65,13 +97,13 @@ def ar_case(
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        cfg = iris.ops.Config(split=split, tma=tma)
+        cfg = iris.ops.Config(split=split, tma=tma, order=order, num_sms=sms)
         returned = iris.ops.matmul_all_reduce(out, a, b, vec, config=cfg, group=group, workspace=ws)
         partial = a.double() @ b.double()
         want = summed(partial, group) + (vec.double() if bias else 0)
         return returned, out, want, world * peak(partial, group) + want.abs().max().item()
 
-    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} split={split} tma={tma}"
+    what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} split={split} tma={tma} {order}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems
@@ -88,10 +120,11 @@ def test_matches_torch(world_size):
 
 
 def test_cases_cover_every_dtype_and_split():
-    """The matrix above meets every dtype, split and output kind at worlds 2 and 3."""
+    """The matrix above meets every dtype, split, output kind and order at worlds 2 and 3."""
     for world in (2, 3):
         assert {c["dtype"] for c in CASES[world]} == set(DTYPES)
         assert {c["out_kind"] for c in CASES[world]} == {"plain", "strided", "heap"}
+        assert "spread" in {c.get("order") for c in CASES[world]}
     assert {"m", "n"} <= {c["split"] for c in CASES[3]}
 
 

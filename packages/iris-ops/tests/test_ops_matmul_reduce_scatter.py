@@ -4,7 +4,8 @@ summed with ``torch.distributed.all_reduce``, plus the bias, then this rank's sl
 
 One real world per test (``run_world``); its ranks loop over the cases: dtypes, odd shapes
 whose scattered dimension is a multiple of the group size only, bias on or off, output
-kinds (the output is written locally, so any tensor is used as it is).
+kinds (the output is written locally, so any tensor is used as it is), both tile orders
+(``Config.order``; "auto" picks "spread" for these few tiles).
 """
 
 import pytest
@@ -34,11 +35,38 @@ CASES = {
         dict(dtype=torch.float32, shape=(5, 70, 20), bias=False, out_kind="heap", scatter_dim=1),
     ],
     2: [
-        dict(dtype=torch.float16, shape=(26, 29, 43), bias=True, out_kind="heap", scatter_dim=0, repeat=2),
+        dict(
+            dtype=torch.float16,
+            shape=(26, 29, 43),
+            bias=True,
+            out_kind="heap",
+            scatter_dim=0,
+            repeat=2,
+            order="peers_first",
+        ),
         dict(dtype=torch.bfloat16, shape=(37, 2 * 11, 43), bias=False, out_kind="strided", scatter_dim=1),
+        # The "spread" order, 3 programs for 12 tiles: several tiles each, odd ones backwards.
+        dict(
+            dtype=torch.bfloat16,
+            shape=(2 * 20, 40, 43),
+            bias=True,
+            out_kind="strided",
+            scatter_dim=0,
+            order="spread",
+            sms=3,
+            repeat=2,
+        ),
     ],
     3: [
-        dict(dtype=torch.bfloat16, shape=(39, 29, 43), bias=True, out_kind="plain", scatter_dim=0, repeat=2),
+        dict(
+            dtype=torch.bfloat16,
+            shape=(39, 29, 43),
+            bias=True,
+            out_kind="plain",
+            scatter_dim=0,
+            repeat=2,
+            order="peers_first",
+        ),
         dict(dtype=torch.float32, shape=(37, 3 * 11, 43), bias=True, out_kind="heap", scatter_dim=1),
         dict(
             dtype=torch.float16,
@@ -48,11 +76,23 @@ CASES = {
             scatter_dim=0,
             tma=True,
         ),
+        dict(
+            dtype=torch.float16,
+            shape=(37, 3 * 13, 20),
+            bias=True,
+            out_kind="plain",
+            scatter_dim=1,
+            order="spread",
+            sms=3,
+        ),
     ],
 }
 
 
-def rs_case(rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, repeat=1, tma=None):
+def rs_case(
+    rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, repeat=1, tma=None, order="auto",
+    sms=0,
+):  # fmt: skip
     import iris.ops
 
     m, n, k = shape
@@ -64,7 +104,7 @@ def rs_case(rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, 
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        cfg = iris.ops.Config(tma=tma)
+        cfg = iris.ops.Config(tma=tma, order=order, num_sms=sms)
         returned = iris.ops.matmul_reduce_scatter(
             out, a, b, vec, scatter_dim=scatter_dim, workspace=ws, config=cfg
         )
@@ -74,6 +114,7 @@ def rs_case(rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, 
         return returned, out, want, world * peak(partial) + full.abs().max().item()
 
     what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} dim={scatter_dim} tma={tma}"
+    what += f" order={order}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems

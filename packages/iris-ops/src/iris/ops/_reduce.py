@@ -3,24 +3,39 @@ product ``a @ b`` is reduced tile by tile as soon as it is computed.
 
 The output ``(M, N)`` is cut into ``G`` chunks (G: the group's size), along M or along N;
 member ``j`` owns chunk ``j`` and reduces it. Tile ``t`` of the ``G x T`` tiles (chunk-major,
-grouped order inside a chunk) is computed by program ``t mod P`` on every rank, in two
-phases:
+grouped order inside a chunk) is computed by program ``t mod P`` on every rank; program
+``p``'s tiles are ``p, p + P, ...``. What a rank does with a tile:
 
-1. tiles of the other members' chunks: the partial tile is stored straight into the
-   owner's workspace (slot of this rank) and the owner's flag for it is raised to the call's
-   generation; the flag is raised one tile later, after the next tile's GEMM, so the remote
-   stores drain while the tensor cores work;
-2. tiles of this rank's own chunk: the partial stays in registers, the peers' partials are
-   added from the local workspace as soon as their flags show this call's generation, the
-   bias is added, and the tile is stored into the output (``matmul_all_reduce``: into every
-   member's output).
+* a tile of another member's chunk: the partial is stored straight into the owner's
+  workspace (slot of this rank) and the owner's flag for it is raised to the call's
+  generation; the flag is raised one tile later, after the next tile's GEMM, so the remote
+  stores drain while the tensor cores work;
+* a tile of its own chunk: the peers' partials are added from the local workspace as soon
+  as their flags show this call's generation, then the bias, and the tile is stored into
+  the output (``matmul_all_reduce``: into every member's output).
 
-Every program starts with a barrier of its sync slot (each member has entered the call, so
-its workspace and output are free) and, for ``matmul_all_reduce``, ends with one (every
-member's final tiles have arrived). Because tile ``t`` is handled by program ``t mod P``
-everywhere, a program only ever waits for the same program on other ranks, in a phase
-that program reaches first: this holds even when programs run one after another (the
-interpreter).
+Two orders (``Config.order``):
+
+* ``peers_first``: every program computes its tiles of the other chunks first, then its own
+  tiles, whose partials have been pushed by then. All partials leave in the first part of
+  the call (at M = 1024, two waves of tiles: all in the first wave's last moments).
+* ``spread``: even programs walk their tiles forwards, odd ones backwards, so about half
+  of the pushes happen in each part of the call. An own tile that is not the program's
+  last is parked in the output (rounded to its dtype, as the peers' partials are) and
+  reduced after the program's next tile, when the peers' partials of it have arrived (the
+  peers computed it at the same step); the last one is reduced at once.
+
+Either way a program only ever waits for the same program on other ranks, for a tile that
+program handles at the same step or earlier: this holds even when programs run one after
+another (the interpreter).
+
+``matmul_all_reduce`` starts every program with a barrier of its sync slot (each member has
+entered the call, so its output is free to be written) and ends with one (every member's
+final tiles have arrived). ``matmul_reduce_scatter`` writes no peer's output, only peers'
+workspaces, and needs less: before its first push, a program waits until the same program
+of every peer has left the previous call (``exits`` flags each program raises on its peers
+as it finishes). That flag is normally set long before, so a call starts without a round
+trip to the peers or waiting out their start (about 3 us a call).
 """
 
 from __future__ import annotations
@@ -34,13 +49,63 @@ from iris.mem.triton import Context
 
 from . import _host
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
-from ._sync import call_generation, finish_call, remote_tile, signal, wait
+from ._sync import call_generation, finish_call, raise_exits, remote_tile, signal, wait, wait_exits
 from .config import Config
 
 
 @triton.jit
+def _chunk_tile(
+    t, chunk_tiles, tiles_m, tiles_n, M, N, CM, CN, stride_om, stride_on, out_chunk_step,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr,
+):  # fmt: skip
+    """Where tile ``t`` of the chunk-major list lies: ``(chunk, index in the chunk, first row
+    and column of the chunk, its valid rows and columns, the tile's first row and column
+    inside the chunk, its output origin, offsets and mask)``."""
+    j = t // chunk_tiles
+    local = t - j * chunk_tiles
+    pid_m, pid_n = grouped_tile(local, tiles_m, tiles_n, GROUP_M)
+    if SPLIT_N:
+        row_base = j * 0
+        col_base = j * CN
+    else:
+        row_base = j * CM
+        col_base = j * 0
+    rows = tl.minimum(CM, M - row_base)
+    cols = tl.minimum(CN, N - col_base)
+    row0 = pid_m * BLOCK_M
+    col0 = pid_n * BLOCK_N
+    o_origin, o_offs, o_mask = tile_offsets(row0, rows, col0, cols, stride_om, stride_on, BLOCK_M, BLOCK_N)
+    o_origin += tl.cast(j, tl.int64) * out_chunk_step
+    return j, local, row_base, col_base, rows, cols, row0, col0, o_origin, o_offs, o_mask
+
+
+@triton.jit
+def _reduce_own(
+    ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
+    col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
+    GROUP: tl.constexpr, ME: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr, ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """Add the peers' partials of own tile ``local`` to ``acc`` as their flags show ``gen``,
+    add the bias, store the tile into the output (``ALL_REDUCE``: into every member's)."""
+    origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
+    for s in tl.static_range(GROUP - 1):
+        sender = group.rank((ME + 1 + s) % GROUP)
+        wait(ctx, group, ready + s * chunk_tiles + local, gen, sender)
+        part = tl.load(ws + s * slot_elems + origin + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        acc += part.to(tl.float32)
+    acc = add_bias(acc, bias + col_base, col0, cols, HAS_BIAS, BLOCK_N)
+    result = acc.to(out.dtype.element_ty)
+    tl.store(out + o_origin + o_offs, result, mask=o_mask)
+    if ALL_REDUCE:
+        for i in tl.static_range(1, GROUP):
+            peer = group.rank((ME + i) % GROUP)
+            tl.store(remote_tile(ctx, out, peer, o_origin, o_offs, ALIGNED), result, mask=o_mask)
+
+
+@triton.jit
 def _matmul_reduce_kernel(
-    context, members, sync_flags, epochs, status, budget, state, ready,
+    context, members, sync_flags, epochs, status, budget, state, ready, exits,
     a, b, bias, out, ws, a_desc, b_desc,
     M, N, K, CM, CN,
     stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, out_chunk_step,
@@ -48,6 +113,7 @@ def _matmul_reduce_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_N: tl.constexpr, ALL_REDUCE: tl.constexpr,
     ALIGNED: tl.constexpr, WS_ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
+    SPREAD: tl.constexpr = False,
 ):  # fmt: skip
     """Chunk ``j`` covers rows ``[j*CM, (j+1)*CM)`` (``SPLIT_N`` False, CN = N) or columns
     ``[j*CN, (j+1)*CN)`` (``SPLIT_N``, CM = M), clipped to the matrix. ``ws`` holds
@@ -55,39 +121,43 @@ def _matmul_reduce_kernel(
     chunk; ``ready[s, t]`` is the flag of slot ``s``, tile ``t`` of the chunk. The output
     tile of chunk ``j`` is at ``out + j * out_chunk_step`` (0 when ``out`` holds only this
     rank's chunk). ``ALIGNED`` / ``WS_ALIGNED``: the output's / workspace's tiles may be
-    stored to peers in 16-byte vectors."""
+    stored to peers in 16-byte vectors. ``SPREAD``: the "spread" order of the module
+    docstring instead of the peers' chunks first. ``exits[s, p]``: the last call program
+    ``p`` of the member in slot ``s`` has left (reduce-scatter only)."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     gen = call_generation(state)
-    group.sync(ctx, pid, fence=False)  # nothing remote before it: no fence (2-3 us)
+    if ALL_REDUCE:  # peers store into the output: every member must have entered the call
+        group.sync(ctx, pid, fence=False)  # nothing remote before it: no fence (2-3 us)
+    cleared = pid < 0  # reduce-scatter: may push, the peers have left the previous call
     tiles_m = tl.cdiv(CM, BLOCK_M)
     tiles_n = tl.cdiv(CN, BLOCK_N)
     chunk_tiles = tiles_m * tiles_n
     slot_elems = tl.cast(CM, tl.int64) * CN
+    mine = tl.cdiv(GROUP * chunk_tiles - pid, programs)  # this program's tiles: pid + k * programs
     pending = pid * 0 - 1  # flag index of the last partial pushed and not yet signalled
     pending_rank = pid * 0
-    for phase in tl.static_range(2):
-        t = pid
-        while t < GROUP * chunk_tiles:
-            j = t // chunk_tiles
-            if phase == 0:
+    held = pid * 0 - 1  # SPREAD: k of the own tile parked one step ago, -1 for none
+    for phase in tl.static_range(1 if SPREAD else 2):
+        step = pid * 0
+        while step < mine:
+            k = step
+            if SPREAD:
+                if pid % 2 == 1:  # odd programs walk their tiles backwards
+                    k = mine - 1 - step
+            j, local, row_base, col_base, rows, cols, row0, col0, o_origin, o_offs, o_mask = _chunk_tile(
+                pid + k * programs, chunk_tiles, tiles_m, tiles_n, M, N, CM, CN, stride_om, stride_on,
+                out_chunk_step, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N,
+            )  # fmt: skip
+            if SPREAD:
+                take = row0 >= 0
+            elif phase == 0:
                 take = j != ME
             else:
                 take = j == ME
-            local = t - j * chunk_tiles
-            pid_m, pid_n = grouped_tile(local, tiles_m, tiles_n, GROUP_M)
-            if SPLIT_N:
-                row_base = j * 0
-                col_base = j * CN
-            else:
-                row_base = j * CM
-                col_base = j * 0
-            rows = tl.minimum(CM, M - row_base)
-            cols = tl.minimum(CN, N - col_base)
-            row0 = pid_m * BLOCK_M
-            col0 = pid_n * BLOCK_N
+            parking = pid * 0 - 1
             if take & (row0 < rows) & (col0 < cols):
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 a_chunk = a + tl.cast(row_base, tl.int64) * stride_am
@@ -100,39 +170,84 @@ def _matmul_reduce_kernel(
                 if pending >= 0:
                     signal(ctx, ready + pending, gen, pending_rank)
                     pending = pid * 0 - 1
-                origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
-                if phase == 0:
+                if j != ME:
+                    if not ALL_REDUCE:
+                        if cleared == 0:
+                            wait_exits(ctx, group, exits, gen, pid, programs, GROUP, ME)
+                            cleared = pid >= 0
                     owner = group.rank(j)
                     slot = (ME - j - 1 + GROUP) % GROUP
+                    origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
                     dst = remote_tile(ctx, ws, owner, slot * slot_elems + origin, offs, WS_ALIGNED)
                     tl.store(dst, acc.to(ws.dtype.element_ty), mask=mask)
                     pending = slot * chunk_tiles + local
                     pending_rank = owner
+                elif SPREAD & (step < mine - 1):
+                    # Parked in the output, in its dtype like the peers' partials, and
+                    # reduced after the next tile (when the peers' copies have arrived).
+                    tl.store(out + o_origin + o_offs, acc.to(out.dtype.element_ty), mask=o_mask)
+                    parking = k
                 else:
-                    for s in tl.static_range(GROUP - 1):
-                        sender = group.rank((ME + 1 + s) % GROUP)
-                        wait(ctx, group, ready + s * chunk_tiles + local, gen, sender)
-                        slot_tile = ws + s * slot_elems + origin
-                        part = tl.load(slot_tile + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                        acc += part.to(tl.float32)
-                    acc = add_bias(acc, bias + col_base, col0, cols, HAS_BIAS, BLOCK_N)
-                    result = acc.to(out.dtype.element_ty)
-                    o_origin, o_offs, o_mask = tile_offsets(
-                        row0, rows, col0, cols, stride_om, stride_on, BLOCK_M, BLOCK_N
-                    )
-                    o_origin += tl.cast(j, tl.int64) * out_chunk_step
-                    tl.store(out + o_origin + o_offs, result, mask=o_mask)
-                    if ALL_REDUCE:
-                        for i in tl.static_range(1, GROUP):
-                            peer = group.rank((ME + i) % GROUP)
-                            dst = remote_tile(ctx, out, peer, o_origin, o_offs, ALIGNED)
-                            tl.store(dst, result, mask=o_mask)
-            t += programs
+                    _reduce_own(
+                        ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
+                        col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
+                        GROUP, ME, BLOCK_M, BLOCK_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
+                    )  # fmt: skip
+            if SPREAD:
+                if held >= 0:
+                    _reduce_parked(
+                        ctx, group, held, pid, programs, ready, ws, bias, out, gen, chunk_tiles, tiles_m,
+                        tiles_n, slot_elems, M, N, CM, CN, stride_om, stride_on, out_chunk_step,
+                        GROUP, ME, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
+                    )  # fmt: skip
+                held = parking
+            step += 1
     if pending >= 0:
         signal(ctx, ready + pending, gen, pending_rank)
+    if SPREAD:
+        if held >= 0:  # parked at the program's second-to-last tile
+            _reduce_parked(
+                ctx, group, held, pid, programs, ready, ws, bias, out, gen, chunk_tiles, tiles_m,
+                tiles_n, slot_elems, M, N, CM, CN, stride_om, stride_on, out_chunk_step,
+                GROUP, ME, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
+            )  # fmt: skip
     if ALL_REDUCE:
         group.sync(ctx, pid)
+    elif GROUP > 1:
+        raise_exits(ctx, group, exits, gen, pid, programs, GROUP, ME)
     finish_call(state, gen)
+
+
+@triton.jit
+def _reduce_parked(
+    ctx, group, k, pid, programs, ready, ws, bias, out, gen, chunk_tiles, tiles_m, tiles_n, slot_elems,
+    M, N, CM, CN, stride_om, stride_on, out_chunk_step,
+    GROUP: tl.constexpr, ME: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr, HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """Reduce the own tile this program parked in the output at its tile ``k``."""
+    j, local, row_base, col_base, rows, cols, row0, col0, o_origin, o_offs, o_mask = _chunk_tile(
+        pid + k * programs, chunk_tiles, tiles_m, tiles_n, M, N, CM, CN, stride_om, stride_on,
+        out_chunk_step, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N,
+    )  # fmt: skip
+    tl.debug_barrier()  # other threads of the program parked it
+    acc = tl.load(out + o_origin + o_offs, mask=o_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    _reduce_own(
+        ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
+        col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
+        GROUP, ME, BLOCK_M, BLOCK_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
+    )  # fmt: skip
+
+
+def spread(cfg: Config, all_reduce: bool) -> bool:
+    """Whether to run the "spread" order (``Config.order``); ``"auto"``: for the
+    reduce-scatter (2 x H200, bf16: 116.2 against 125.1 us at 1024 x 8192 x 4096, 845.5
+    against 850.1 at 8192 x 8192 x 4096, 1405.9 against 1417.4 at 16384 x 3584 x 8192), not
+    for the all-reduce (139.0 against 137.8-139.2 us at M = 1024)."""
+    if cfg.order != "auto":
+        return cfg.order == "spread"
+    return not all_reduce
 
 
 def run(
@@ -160,7 +275,12 @@ def run(
     heap = _host.heap_of(out, ranks)
     # Peers store into the output of matmul_all_reduce: it must be on the heap, else staged.
     in_place = not all_reduce or size == 1 or _host.writable_in_place(out, heap)
-    specs = [("ready", (size - 1) * chunk_tiles, torch.int32), ("partials", (size - 1) * cm * cn, a.dtype)]
+    grid = max(1, min(cfg.num_sms, size * chunk_tiles))
+    specs = [
+        ("ready", (size - 1) * chunk_tiles, torch.int32),
+        ("exits", (size - 1) * grid, torch.int32),
+        ("partials", (size - 1) * cm * cn, a.dtype),
+    ]
     if not in_place:
         specs.append(("out", m * n, a.dtype))
     shapes = (tuple(a.shape), tuple(b.shape), tuple(out.shape))
@@ -174,17 +294,20 @@ def run(
         step = cm * kout.stride(0) if not split_n else cn * kout.stride(1)
     else:
         step = 0
-    grid = max(1, min(cfg.num_sms, size * chunk_tiles))
     a_desc, tma_a = _host.tma_operand(a, (cfg.block_m, cfg.block_k), cfg.tma)
-    b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), cfg.tma)
+    # A chunk of columns must start on a 16-byte boundary for the copy engine's boxes (an
+    # fp16 chunk of 1500 columns made the launch fail with an illegal instruction).
+    b_boxes = not split_n or cn * b.element_size() % 16 == 0
+    b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), cfg.tma and b_boxes)
     _host.launch(
         _matmul_reduce_kernel, grid, ws, cfg,
-        ws.buffers["ready"], a, b, bias if bias is not None else a, kout, ws.buffers["partials"],
+        ws.buffers["ready"], ws.buffers["exits"], a, b, bias if bias is not None else a, kout,
+        ws.buffers["partials"],
         a_desc, b_desc,
         m, n, k, cm, cn, *a.stride(), *b.stride(), *kout.stride(), step,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, SPLIT_N=split_n, ALL_REDUCE=all_reduce,
         ALIGNED=_host.aligned(kout, step), WS_ALIGNED=_host.aligned(ws.buffers["partials"], cn),
-        TMA_A=tma_a, TMA_B=tma_b,
+        TMA_A=tma_a, TMA_B=tma_b, SPREAD=size > 1 and spread(cfg, all_reduce),
     )  # fmt: skip
     if kout is not out:
         out.copy_(kout)

@@ -91,3 +91,27 @@ def remote_tile(ctx, base, rank, origin, offs, ALIGNED: tl.constexpr):
     if ALIGNED:
         ptrs = tl.max_contiguous(tl.multiple_of(ptrs, [1, 16]), [1, offs.shape[1]])
     return ptrs
+
+
+@triton.jit
+def wait_exits(ctx, group, exits, gen, slot, programs, GROUP: tl.constexpr, ME: tl.constexpr):
+    """Wait until program ``slot`` of every other member has left the previous call
+    (``exits[s, slot]`` raised by :func:`raise_exits` to ``gen - 1``): its reads of this
+    program's earlier pushes are done, so they may be overwritten. Replaces a barrier where
+    only workspace buffers are written remotely: the flag is normally set long before, and
+    a local read costs no round trip and does not wait for the peers to enter the call."""
+    for s in tl.static_range(GROUP - 1):
+        peer = group.rank((ME + 1 + s) % GROUP)
+        wait(ctx, group, exits + s * programs + slot, gen - 1, peer)
+
+
+@triton.jit
+def raise_exits(ctx, group, exits, gen, slot, programs, GROUP: tl.constexpr, ME: tl.constexpr):
+    """Tell program ``slot`` of every other member that this one has left call ``gen``
+    (every thread's reads of the workspace done: barrier, then release at system scope).
+    Member ``ME`` is slot ``(ME - peer - 1) mod GROUP`` of peer ``peer``'s ``exits``."""
+    tl.debug_barrier()
+    for i in tl.static_range(1, GROUP):
+        peer = (ME + i) % GROUP
+        s = (ME - peer - 1 + GROUP) % GROUP
+        ctx.atomic_max(exits + s * programs + slot, gen, group.rank(peer), sem="release", scope="sys")

@@ -38,6 +38,15 @@ class Config:
             where programs run one after the other).
         split: ``matmul_all_reduce`` only: the dimension along which output tiles are
             assigned to the rank that reduces them, ``"m"`` or ``"n"``.
+        order: ``matmul_reduce_scatter`` and ``matmul_all_reduce`` only: the order in
+            which a program computes its tiles. ``"peers_first"``: the tiles of the other
+            ranks' chunks first (all partials are sent early, the own chunk reduced last);
+            ``"spread"``: odd programs walk their tiles backwards, so about half of the
+            partials leave in each part of the call, and an own tile that is not a
+            program's last is parked in the output (in the output's dtype, like the peers'
+            partials) and reduced after the program's next tile. ``"auto"``: ``"spread"``
+            for ``matmul_reduce_scatter``, ``"peers_first"`` for ``matmul_all_reduce`` (the
+            faster of the two for each on 2 x H200).
         tma: read A and B through Hopper's tensor memory accelerator (host tensor
             descriptors) where their layout allows it (row-major, 16-byte aligned rows),
             instead of ``cp.async`` loads; None chooses (on for bf16/fp16, where it
@@ -53,6 +62,7 @@ class Config:
     num_sms: int = 0
     comm_sms: int = 0
     split: str = "auto"
+    order: str = "auto"
     tma: bool | None = None
 
     def __post_init__(self) -> None:
@@ -74,6 +84,8 @@ class Config:
             raise ValueError(f"Config.num_sms must be at most {MAX_PROGRAMS}, got {self.num_sms}")
         if self.split not in ("auto", "m", "n"):
             raise ValueError(f"Config.split must be 'auto', 'm' or 'n', got {self.split!r}")
+        if self.order not in ("auto", "peers_first", "spread"):
+            raise ValueError(f"Config.order must be 'auto', 'peers_first' or 'spread', got {self.order!r}")
         if self.tma is not None and not isinstance(self.tma, bool):
             raise TypeError(f"Config.tma must be True, False or None, got {self.tma!r}")
 
