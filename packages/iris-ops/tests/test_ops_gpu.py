@@ -210,7 +210,11 @@ def skewed_body(rank, world_size, calls=24):
     """Back-to-back calls with different data each (``a`` scaled by a power of two, so every
     call's exact result is known) while rank 1's GPU also runs large matmuls on a second
     stream, so its calls run slower and the other rank starts each call early: a push of
-    call g + 1 that lands before its owner has read call g's shows in call g's output."""
+    call g + 1 that lands before its owner has read call g's shows in call g's output.
+    Measured limit: with matmul_reduce_scatter's wait for the peers' exit flags removed this
+    test still passed twice on 2 x H200 (the window between a program's push and its peer's
+    read of the previous call is too short to hit this way); that wait rests on the order
+    argument of ``_reduce.py``."""
     import iris.mem
     import iris.ops
 
