@@ -34,6 +34,9 @@ def test_config_validates_fields():
             iris.ops.Config(**kwargs)
     with pytest.raises(TypeError, match="group_m must be an int"):
         iris.ops.Config(group_m=2.0)
+    for name in ("tma", "stream"):
+        with pytest.raises(TypeError, match=f"Config.{name} must be True, False or None"):
+            iris.ops.Config(**{name: 1})
     with pytest.raises(TypeError):
         iris.ops.Config(128)  # keyword-only
 

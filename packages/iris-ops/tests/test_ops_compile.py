@@ -44,7 +44,7 @@ FIXED = {
     "ready": "*i32",
     "exits": "*i32",
 }
-DATA_POINTERS = {"a", "b", "bias", "out", "ws"}
+DATA_POINTERS = {"a", "b", "bias", "out", "ws", "stage"}
 #: Integer arguments: sizes and strides a real launch passes as 16-divisible values.
 SCALARS = {
     "M",
@@ -77,12 +77,14 @@ PROFILES = [
     ("bf16 prefill", "bf16", 8192, 8192, _flags(True, True, False, False)),
     ("fp16 decode", "fp16", 64, 8192, {**_flags(True, False, True, True), "ALL_REDUCE": False}),
     ("fp32 tf32", "fp32", 1024, 4096, {**_flags(False, True, False, True), "SPREAD": True}),
-    ("bf16 TMA", "bf16", 8192, 8192, _flags(False, False, True, False, tma=True)),
+    ("bf16 TMA", "bf16", 8192, 8192, {**_flags(False, False, True, False, tma=True), "STREAM": False}),
     ("bf16 decode gathered", "bf16", 16, 8192, {**_flags(True, True, False, False), "COMBINED": True}),
     # Up to 16 rows: 16-row tiles (mma.sync rather than wgmma), here read through TMA.
     ("bf16 decode TMA", "bf16", 1, 8192, _flags(False, False, True, False, tma=True)),
-    # Few tiles per SM with wide=True (all_gather_matmul, matmul_reduce_scatter): 128x256x64,
-    # 4 stages, the largest shared-memory footprint of the table; the "spread" tile order.
+    # Few tiles per SM with wide=True (all_gather_matmul and the reduce ops): 128x256x64,
+    # 4 stages, the largest shared-memory footprint of the table, with the partials streamed;
+    # then the same in the "spread" tile order.
+    ("bf16 TMA wide stream", "bf16", 512, 8192, _flags(False, False, True, False, tma=True), True),
     # matmul_reduce_scatter (exit flags instead of a start barrier).
     (
         "bf16 TMA wide",
@@ -102,6 +104,8 @@ COMMON = {
     "ALIGNED": True,
     "WS_ALIGNED": True,
     "PUSH_K": 128,
+    "STREAM": True,
+    "STREAM_ROWS": 2,
 }
 
 

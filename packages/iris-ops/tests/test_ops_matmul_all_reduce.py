@@ -77,6 +77,16 @@ CASES = {
             order="spread",
             sms=3,
             repeat=2,
+            stream=False,
+        ),
+        dict(
+            dtype=torch.bfloat16,
+            shape=(37, 40, 24),
+            bias=True,
+            out_kind="plain",
+            split="m",
+            sms=3,
+            stream=False,
         ),
     ],
 }
@@ -84,7 +94,7 @@ CASES = {
 
 def ar_case(
     rank, world, case, heap, dtype, shape, bias, out_kind, split="auto", repeat=1, group=None, tma=None,
-    order="auto", sms=0,
+    order="auto", sms=0, stream=None,
 ):  # fmt: skip
     """``repeat`` calls on one workspace against the reference; returns the problems found."""
     import iris.ops
@@ -97,13 +107,14 @@ def ar_case(
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        cfg = iris.ops.Config(split=split, tma=tma, order=order, num_sms=sms)
+        cfg = iris.ops.Config(split=split, tma=tma, order=order, num_sms=sms, stream=stream)
         returned = iris.ops.matmul_all_reduce(out, a, b, vec, config=cfg, group=group, workspace=ws)
         partial = a.double() @ b.double()
         want = summed(partial, group) + (vec.double() if bias else 0)
         return returned, out, want, world * peak(partial, group) + want.abs().max().item()
 
     what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} split={split} tma={tma} {order}"
+    what += f" stream={stream}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems
@@ -120,11 +131,13 @@ def test_matches_torch(world_size):
 
 
 def test_cases_cover_every_dtype_and_split():
-    """The matrix above meets every dtype, split, output kind and order at worlds 2 and 3."""
+    """The matrix above meets every dtype, split, output kind and order at worlds 2 and 3,
+    with and without streaming (at world 3)."""
     for world in (2, 3):
         assert {c["dtype"] for c in CASES[world]} == set(DTYPES)
         assert {c["out_kind"] for c in CASES[world]} == {"plain", "strided", "heap"}
         assert "spread" in {c.get("order") for c in CASES[world]}
+    assert {None, False} <= {c.get("stream") for c in CASES[3]}
     assert {"m", "n"} <= {c["split"] for c in CASES[3]}
 
 

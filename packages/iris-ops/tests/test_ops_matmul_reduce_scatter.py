@@ -5,7 +5,7 @@ summed with ``torch.distributed.all_reduce``, plus the bias, then this rank's sl
 One real world per test (``run_world``); its ranks loop over the cases: dtypes, odd shapes
 whose scattered dimension is a multiple of the group size only, bias on or off, output
 kinds (the output is written locally, so any tensor is used as it is), both tile orders
-(``Config.order``; "auto" picks "spread" for these few tiles).
+(``Config.order``) and partials streamed or stored at once (``Config.stream``).
 """
 
 import pytest
@@ -43,6 +43,7 @@ CASES = {
             scatter_dim=0,
             repeat=2,
             order="peers_first",
+            stream=False,
         ),
         dict(dtype=torch.bfloat16, shape=(37, 2 * 11, 43), bias=False, out_kind="strided", scatter_dim=1),
         # The "spread" order, 3 programs for 12 tiles: several tiles each, odd ones backwards.
@@ -91,7 +92,7 @@ CASES = {
 
 def rs_case(
     rank, world, case, heap, dtype, shape, bias, out_kind, scatter_dim, repeat=1, tma=None, order="auto",
-    sms=0,
+    sms=0, stream=None,
 ):  # fmt: skip
     import iris.ops
 
@@ -104,7 +105,7 @@ def rs_case(
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        cfg = iris.ops.Config(tma=tma, order=order, num_sms=sms)
+        cfg = iris.ops.Config(tma=tma, order=order, num_sms=sms, stream=stream)
         returned = iris.ops.matmul_reduce_scatter(
             out, a, b, vec, scatter_dim=scatter_dim, workspace=ws, config=cfg
         )
@@ -114,7 +115,7 @@ def rs_case(
         return returned, out, want, world * peak(partial) + full.abs().max().item()
 
     what = f"world={world} {dtype_name(dtype)} {shape} bias={bias} {out_kind} dim={scatter_dim} tma={tma}"
-    what += f" order={order}"
+    what += f" order={order} stream={stream}"
     problems = check_calls(one_call, repeat, what)
     ws.close()
     return problems

@@ -67,12 +67,29 @@ def _k_block(
 
 
 @triton.jit
+def _slice(src, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+    """Pointers and mask of rows ``[k*R, k*R + R)`` of a ``BLOCK_M x BLOCK_N`` tile staged
+    row-major at ``src`` and of its destination ``dst`` (row stride ``ld``)."""
+    r = k * R + tl.arange(0, R)
+    c = tl.arange(0, BLOCK_N)
+    mask = (r < BLOCK_M)[:, None] & (r < rows_valid)[:, None] & (c < cols_valid)[None, :]
+    s_ptrs = src + r[:, None] * BLOCK_N + c[None, :]
+    d_ptrs = dst + r.to(tl.int64)[:, None] * ld + c[None, :]
+    if ALIGNED:
+        d_ptrs = tl.max_contiguous(tl.multiple_of(d_ptrs, [1, 16]), [1, BLOCK_N])
+    return s_ptrs, d_ptrs, mask
+
+
+@triton.jit
 def matmul_tile(
     acc, a, b, row0, m_valid, col0, n_valid, k_len,
     stride_am, stride_ak, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     a_desc=None, a_row=0, b_desc=None, b_row=0, b_col=0,
     TMA_A: tl.constexpr = False, TMA_B: tl.constexpr = False,
+    stream_src=None, stream_dst=None, stream_ld=0, stream_rows=0, stream_cols=0,
+    STREAM: tl.constexpr = False, STREAM_ROWS: tl.constexpr = 1, STREAM_ALIGNED: tl.constexpr = False,
 ):  # fmt: skip
     """``acc + a[row0 : row0 + BLOCK_M, :k_len] @ b[:k_len, col0 : col0 + BLOCK_N]`` in fp32.
 
@@ -88,6 +105,13 @@ def matmul_tile(
     :param b_desc: with ``TMA_B``, a descriptor of B (blocks ``BLOCK_K x BLOCK_N``): the
         tile's K starts at row ``b_row``, its columns at ``b_col``. Rows past ``k_len`` must
         be zero in A when B is read this way (they are: masked or zero-filled).
+    :param stream_src: with ``STREAM``, a finished ``BLOCK_M x BLOCK_N`` tile staged
+        row-major in local memory, copied to ``stream_dst`` (row stride ``stream_ld``; its
+        valid extent ``stream_rows x stream_cols``) ``STREAM_ROWS`` rows per K step while
+        this tile is computed, so the copy's bytes leave at the pace of the tensor cores
+        (a remote destination's link is then never flooded, and the program never stalls
+        on it). ``STREAM_ROWS`` times the K steps must cover ``BLOCK_M``. Each step loads
+        the next slice and stores the one loaded a step earlier, so no load is waited for.
     """
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
@@ -97,6 +121,12 @@ def matmul_tile(
     a_ptrs = a + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak
     b_ptrs = b + ks[:, None] * stride_bk + cols.to(tl.int64)[None, :] * stride_bn
     k_tiles = tl.cdiv(k_len, BLOCK_K)
+    if STREAM:
+        s_ptrs, d_ptrs, s_mask = _slice(
+            stream_src, stream_dst, stream_ld, 0, stream_rows, stream_cols, STREAM_ROWS, BLOCK_M, BLOCK_N,
+            STREAM_ALIGNED,
+        )  # fmt: skip
+        part = tl.load(s_ptrs, mask=s_mask, cache_modifier=".cg")
     if INTERPRETED:  # range() over a run-time bound fails there
         k = 0
         while k < k_tiles:
@@ -104,6 +134,11 @@ def matmul_tile(
                 acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
                 BLOCK_K, EVEN_K, TMA_A, TMA_B,
             )  # fmt: skip
+            if STREAM:
+                part = _stream_step(
+                    part, stream_src, stream_dst, stream_ld, k, stream_rows, stream_cols,
+                    STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
+                )  # fmt: skip
             k += 1
     else:
         for k in range(0, k_tiles):
@@ -111,7 +146,31 @@ def matmul_tile(
                 acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
                 BLOCK_K, EVEN_K, TMA_A, TMA_B,
             )  # fmt: skip
+            if STREAM:
+                part = _stream_step(
+                    part, stream_src, stream_dst, stream_ld, k, stream_rows, stream_cols,
+                    STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
+                )  # fmt: skip
+    if STREAM:  # rows the K steps did not cover (only when K has fewer steps than planned)
+        k = k_tiles
+        while k * STREAM_ROWS < BLOCK_M:
+            part = _stream_step(
+                part, stream_src, stream_dst, stream_ld, k, stream_rows, stream_cols,
+                STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
+            )  # fmt: skip
+            k += 1
     return acc
+
+
+@triton.jit
+def _stream_step(part, src, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+    """Store slice ``k`` (``part``, loaded a step earlier) and load slice ``k + 1``."""
+    s_next, _, m_next = _slice(src, dst, ld, k + 1, rows_valid, cols_valid, R, BLOCK_M, BLOCK_N, ALIGNED)
+    nxt = tl.load(s_next, mask=m_next, cache_modifier=".cg")
+    _, d_ptrs, mask = _slice(src, dst, ld, k, rows_valid, cols_valid, R, BLOCK_M, BLOCK_N, ALIGNED)
+    tl.store(d_ptrs, part, mask=mask)
+    return nxt
 
 
 @triton.jit

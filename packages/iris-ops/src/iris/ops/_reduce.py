@@ -6,10 +6,12 @@ member ``j`` owns chunk ``j`` and reduces it. Tile ``t`` of the ``G x T`` tiles 
 grouped order inside a chunk) is computed by program ``t mod P`` on every rank; program
 ``p``'s tiles are ``p, p + P, ...``. What a rank does with a tile:
 
-* a tile of another member's chunk: the partial is stored straight into the owner's
-  workspace (slot of this rank) and the owner's flag for it is raised to the call's
-  generation; the flag is raised one tile later, after the next tile's GEMM, so the remote
-  stores drain while the tensor cores work;
+* a tile of another member's chunk: the partial goes into the owner's workspace (slot of
+  this rank) and the owner's flag for it is raised to the call's generation one tile later,
+  after the next tile's GEMM. With ``STREAM`` it is staged in the program's local staging
+  tile and copied to the owner a few rows per K step of that next GEMM (the program's last
+  partial at once, at the end), so it leaves at the pace of the tensor cores instead of
+  stalling the program while the link drains; without, it is stored to the owner at once;
 * a tile of its own chunk: the peers' partials are added from the local workspace as soon
   as their flags show this call's generation, then the bias, and the tile is stored into
   the output (``matmul_all_reduce``: into every member's output).
@@ -17,8 +19,8 @@ grouped order inside a chunk) is computed by program ``t mod P`` on every rank; 
 Two orders (``Config.order``):
 
 * ``peers_first``: every program computes its tiles of the other chunks first, then its own
-  tiles, whose partials have been pushed by then. All partials leave in the first part of
-  the call (at M = 1024, two waves of tiles: all in the first wave's last moments).
+  tiles, whose partials have been pushed by then (streamed during the program's first own
+  tile, for the last of them).
 * ``spread``: even programs walk their tiles forwards, odd ones backwards, so about half
   of the pushes happen in each part of the call. An own tile that is not the program's
   last is parked in the output (rounded to its dtype, as the peers' partials are) and
@@ -105,7 +107,7 @@ def _reduce_own(
 
 @triton.jit
 def _matmul_reduce_kernel(
-    context, members, sync_flags, epochs, status, budget, state, ready, exits,
+    context, members, sync_flags, epochs, status, budget, state, ready, exits, stage,
     a, b, bias, out, ws, a_desc, b_desc,
     M, N, K, CM, CN,
     stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, out_chunk_step,
@@ -113,7 +115,7 @@ def _matmul_reduce_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_N: tl.constexpr, ALL_REDUCE: tl.constexpr,
     ALIGNED: tl.constexpr, WS_ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
-    SPREAD: tl.constexpr = False,
+    SPREAD: tl.constexpr = False, STREAM: tl.constexpr = False, STREAM_ROWS: tl.constexpr = 1,
 ):  # fmt: skip
     """Chunk ``j`` covers rows ``[j*CM, (j+1)*CM)`` (``SPLIT_N`` False, CN = N) or columns
     ``[j*CN, (j+1)*CN)`` (``SPLIT_N``, CM = M), clipped to the matrix. ``ws`` holds
@@ -123,7 +125,9 @@ def _matmul_reduce_kernel(
     rank's chunk). ``ALIGNED`` / ``WS_ALIGNED``: the output's / workspace's tiles may be
     stored to peers in 16-byte vectors. ``SPREAD``: the "spread" order of the module
     docstring instead of the peers' chunks first. ``exits[s, p]``: the last call program
-    ``p`` of the member in slot ``s`` has left (reduce-scatter only)."""
+    ``p`` of the member in slot ``s`` has left (reduce-scatter only). ``STREAM``: a peer's
+    partial is staged in ``stage`` (``BLOCK_M x BLOCK_N`` per program, local) and copied to
+    its owner ``STREAM_ROWS`` rows per K step of the program's next tile (or at the end)."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
@@ -140,6 +144,10 @@ def _matmul_reduce_kernel(
     pending = pid * 0 - 1  # flag index of the last partial pushed and not yet signalled
     pending_rank = pid * 0
     held = pid * 0 - 1  # SPREAD: k of the own tile parked one step ago, -1 for none
+    staged = stage + tl.cast(pid, tl.int64) * (BLOCK_M * BLOCK_N)  # STREAM: this program's
+    job_off = tl.cast(pid, tl.int64) * 0  # STREAM: where the staged tile goes in the owner's ws
+    job_rows = pid * 0  # its valid rows (0: nothing staged) and columns
+    job_cols = pid * 0
     for phase in tl.static_range(1 if SPREAD else 2):
         step = pid * 0
         while step < mine:
@@ -166,7 +174,10 @@ def _matmul_reduce_kernel(
                     acc, a_chunk, b_chunk, row0, rows, col0, cols, K,
                     stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
                     a_desc, row_base + row0, b_desc, 0, col_base + col0, TMA_A, TMA_B,
+                    staged, ctx.translate(ws, pending_rank) + job_off, CN, job_rows, job_cols,
+                    STREAM, STREAM_ROWS, WS_ALIGNED,
                 )  # fmt: skip
+                job_rows = pid * 0
                 if pending >= 0:
                     signal(ctx, ready + pending, gen, pending_rank)
                     pending = pid * 0 - 1
@@ -178,8 +189,16 @@ def _matmul_reduce_kernel(
                     owner = group.rank(j)
                     slot = (ME - j - 1 + GROUP) % GROUP
                     origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
-                    dst = remote_tile(ctx, ws, owner, slot * slot_elems + origin, offs, WS_ALIGNED)
-                    tl.store(dst, acc.to(ws.dtype.element_ty), mask=mask)
+                    if STREAM:  # staged here, copied while the next tile is computed
+                        s_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                        tl.store(staged + s_offs, acc.to(ws.dtype.element_ty))
+                        tl.debug_barrier()  # read back by other threads of the program
+                        job_off = slot * slot_elems + origin
+                        job_rows = rows - row0
+                        job_cols = cols - col0
+                    else:
+                        dst = remote_tile(ctx, ws, owner, slot * slot_elems + origin, offs, WS_ALIGNED)
+                        tl.store(dst, acc.to(ws.dtype.element_ty), mask=mask)
                     pending = slot * chunk_tiles + local
                     pending_rank = owner
                 elif SPREAD & (step < mine - 1):
@@ -202,6 +221,12 @@ def _matmul_reduce_kernel(
                     )  # fmt: skip
                 held = parking
             step += 1
+    if STREAM:
+        if job_rows > 0:  # staged after the program's last GEMM: copied now, at once
+            origin, offs, mask = tile_offsets(0, job_rows, 0, job_cols, CN, 1, BLOCK_M, BLOCK_N)
+            s_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            part = tl.load(staged + s_offs, mask=mask, cache_modifier=".cg")
+            tl.store(remote_tile(ctx, ws, pending_rank, job_off, offs, WS_ALIGNED), part, mask=mask)
     if pending >= 0:
         signal(ctx, ready + pending, gen, pending_rank)
     if SPREAD:
@@ -240,14 +265,12 @@ def _reduce_parked(
     )  # fmt: skip
 
 
-def spread(cfg: Config, all_reduce: bool) -> bool:
-    """Whether to run the "spread" order (``Config.order``); ``"auto"``: for the
-    reduce-scatter (2 x H200, bf16: 116.2 against 125.1 us at 1024 x 8192 x 4096, 845.5
-    against 850.1 at 8192 x 8192 x 4096, 1405.9 against 1417.4 at 16384 x 3584 x 8192), not
-    for the all-reduce (139.0 against 137.8-139.2 us at M = 1024)."""
-    if cfg.order != "auto":
-        return cfg.order == "spread"
-    return not all_reduce
+def spread(cfg: Config) -> bool:
+    """Whether to run the "spread" order (``Config.order``); ``"auto"`` runs "peers_first":
+    with the partials streamed (``Config.stream``) it measured faster for both ops on
+    2 x H200 (matmul_reduce_scatter at 1024 x 8192 x 4096: 103.6 us against 114.4 for
+    "spread" without streaming and 124.4 with it)."""
+    return cfg.order == "spread"
 
 
 def run(
@@ -276,10 +299,15 @@ def run(
     # Peers store into the output of matmul_all_reduce: it must be on the heap, else staged.
     in_place = not all_reduce or size == 1 or _host.writable_in_place(out, heap)
     grid = max(1, min(cfg.num_sms, size * chunk_tiles))
+    stream = size > 1 and cfg.stream is not False
+    # Rows of a staged tile copied per K step: all of them over the K loop (K = 0: at once).
+    k_steps = max(_host.cdiv(k, cfg.block_k), 1)
+    stream_rows = min(cfg.block_m, triton.next_power_of_2(_host.cdiv(cfg.block_m, k_steps)))
     specs = [
         ("ready", (size - 1) * chunk_tiles, torch.int32),
         ("exits", (size - 1) * grid, torch.int32),
         ("partials", (size - 1) * cm * cn, a.dtype),
+        ("stage", grid * cfg.block_m * cfg.block_n if stream else 0, a.dtype),
     ]
     if not in_place:
         specs.append(("out", m * n, a.dtype))
@@ -301,13 +329,14 @@ def run(
     b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), cfg.tma and b_boxes)
     _host.launch(
         _matmul_reduce_kernel, grid, ws, cfg,
-        ws.buffers["ready"], ws.buffers["exits"], a, b, bias if bias is not None else a, kout,
-        ws.buffers["partials"],
+        ws.buffers["ready"], ws.buffers["exits"], ws.buffers["stage"], a, b, bias if bias is not None else a,
+        kout, ws.buffers["partials"],
         a_desc, b_desc,
         m, n, k, cm, cn, *a.stride(), *b.stride(), *kout.stride(), step,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, SPLIT_N=split_n, ALL_REDUCE=all_reduce,
         ALIGNED=_host.aligned(kout, step), WS_ALIGNED=_host.aligned(ws.buffers["partials"], cn),
-        TMA_A=tma_a, TMA_B=tma_b, SPREAD=size > 1 and spread(cfg, all_reduce),
+        TMA_A=tma_a, TMA_B=tma_b, SPREAD=size > 1 and spread(cfg), STREAM=stream,
+        STREAM_ROWS=stream_rows,
     )  # fmt: skip
     if kout is not out:
         out.copy_(kout)

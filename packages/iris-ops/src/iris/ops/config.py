@@ -44,9 +44,13 @@ class Config:
             ``"spread"``: odd programs walk their tiles backwards, so about half of the
             partials leave in each part of the call, and an own tile that is not a
             program's last is parked in the output (in the output's dtype, like the peers'
-            partials) and reduced after the program's next tile. ``"auto"``: ``"spread"``
-            for ``matmul_reduce_scatter``, ``"peers_first"`` for ``matmul_all_reduce`` (the
-            faster of the two for each on 2 x H200).
+            partials) and reduced after the program's next tile. ``"auto"``:
+            ``"peers_first"`` (with ``stream`` the faster on 2 x H200).
+        stream: ``matmul_reduce_scatter`` and ``matmul_all_reduce`` only: a partial tile
+            for a peer is staged locally and copied a few rows per K step while the
+            program computes its next tile, instead of being stored to the peer at once
+            (where the program's threads wait for the link when many push together); None
+            chooses (on).
         tma: read A and B through Hopper's tensor memory accelerator (host tensor
             descriptors) where their layout allows it (row-major, 16-byte aligned rows),
             instead of ``cp.async`` loads; None chooses (on for bf16/fp16, where it
@@ -63,6 +67,7 @@ class Config:
     comm_sms: int = 0
     split: str = "auto"
     order: str = "auto"
+    stream: bool | None = None
     tma: bool | None = None
 
     def __post_init__(self) -> None:
@@ -86,8 +91,10 @@ class Config:
             raise ValueError(f"Config.split must be 'auto', 'm' or 'n', got {self.split!r}")
         if self.order not in ("auto", "peers_first", "spread"):
             raise ValueError(f"Config.order must be 'auto', 'peers_first' or 'spread', got {self.order!r}")
-        if self.tma is not None and not isinstance(self.tma, bool):
-            raise TypeError(f"Config.tma must be True, False or None, got {self.tma!r}")
+        for name in ("tma", "stream"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"Config.{name} must be True, False or None, got {value!r}")
 
 
 def check_config(config: object) -> None:
@@ -111,7 +118,8 @@ def select(
     The table is the best known on Hopper (H200), measured with ``bench_ops.py --tune``:
     128x256x64 tiles, 8 warps, 3 stages, read through TMA, for large 16-bit GEMMs; when that
     leaves fewer than two tiles per SM, 128x128x64 with 4 stages, or with ``wide`` (the ops
-    for which it measured faster there: all_gather_matmul, matmul_reduce_scatter)
+    for which it measured faster there: all_gather_matmul, matmul_reduce_scatter and,
+    with its partials streamed, matmul_all_reduce: 133.7 against 143.4 us at M = 1024)
     128x256x64 with 4 stages; for decode shapes (M <= 128, bound
     by reading B in few long K loops) 64x128x128 tiles, 4 warps, 4 stages, TMA (128x64x128
     above 64 rows; up to 16 rows 16x128x256 with 3 stages and pointer loads, which waste

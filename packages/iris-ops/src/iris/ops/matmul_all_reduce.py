@@ -69,7 +69,7 @@ def matmul_all_reduce(
     _host.check_shape(op, out, (m, n), "a's rows, b's columns")
     _host.check_bias(op, bias, n)
     size = len(ranks)
-    cfg = _host.resolve(m, n, a, config)
+    cfg = _host.resolve(m, n, a, config, wide=True)
     split_n = choose_split(m, n, size, cfg)
     chunk = (m, _host.cdiv(n, size)) if split_n else (_host.cdiv(m, size), n)
     _reduce.run(
