@@ -75,7 +75,13 @@ DESCRIPTORS = {"a_desc": ("block_m", "block_k"), "b_desc": ("block_k", "block_n"
 #: (name, dtype, rows, cols of the output tiles, flags[, wide]) per profile.
 PROFILES = [
     ("bf16 prefill", "bf16", 8192, 8192, _flags(True, True, False, False)),
-    ("fp16 decode", "fp16", 64, 8192, {**_flags(True, False, True, True), "ALL_REDUCE": False}),
+    (
+        "fp16 decode",
+        "fp16",
+        64,
+        8192,
+        {**_flags(True, False, True, True), "ALL_REDUCE": False, "STREAM_OUT": False},
+    ),
     ("fp32 tf32", "fp32", 1024, 4096, {**_flags(False, True, False, True), "SPREAD": True}),
     ("bf16 TMA", "bf16", 8192, 8192, {**_flags(False, False, True, False, tma=True), "STREAM": False}),
     ("bf16 decode gathered", "bf16", 16, 8192, {**_flags(True, True, False, False), "COMBINED": True}),
@@ -91,7 +97,12 @@ PROFILES = [
         "bf16",
         512,
         8192,
-        {**_flags(False, False, True, False, tma=True), "SPREAD": True, "ALL_REDUCE": False},
+        {
+            **_flags(False, False, True, False, tma=True),
+            "SPREAD": True,
+            "ALL_REDUCE": False,
+            "STREAM_OUT": False,
+        },
         True,
     ),
 ]
@@ -106,6 +117,8 @@ COMMON = {
     "PUSH_K": 128,
     "STREAM": True,
     "STREAM_ROWS": 2,
+    "STREAM_OUT": True,
+    "STREAM_ALIGNED": True,
 }
 
 

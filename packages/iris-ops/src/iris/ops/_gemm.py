@@ -67,14 +67,14 @@ def _k_block(
 
 
 @triton.jit
-def _slice(src, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr, BLOCK_M: tl.constexpr,
+def _slice(src, src_ld, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr, BLOCK_M: tl.constexpr,
            BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
-    """Pointers and mask of rows ``[k*R, k*R + R)`` of a ``BLOCK_M x BLOCK_N`` tile staged
-    row-major at ``src`` and of its destination ``dst`` (row stride ``ld``)."""
+    """Pointers and mask of rows ``[k*R, k*R + R)`` of a ``BLOCK_M x BLOCK_N`` tile at
+    ``src`` (row stride ``src_ld``) and of its destination ``dst`` (row stride ``ld``)."""
     r = k * R + tl.arange(0, R)
     c = tl.arange(0, BLOCK_N)
     mask = (r < BLOCK_M)[:, None] & (r < rows_valid)[:, None] & (c < cols_valid)[None, :]
-    s_ptrs = src + r[:, None] * BLOCK_N + c[None, :]
+    s_ptrs = src + r.to(tl.int64)[:, None] * src_ld + c[None, :]
     d_ptrs = dst + r.to(tl.int64)[:, None] * ld + c[None, :]
     if ALIGNED:
         d_ptrs = tl.max_contiguous(tl.multiple_of(d_ptrs, [1, 16]), [1, BLOCK_N])
@@ -88,7 +88,7 @@ def matmul_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     a_desc=None, a_row=0, b_desc=None, b_row=0, b_col=0,
     TMA_A: tl.constexpr = False, TMA_B: tl.constexpr = False,
-    stream_src=None, stream_dst=None, stream_ld=0, stream_rows=0, stream_cols=0,
+    stream_src=None, stream_src_ld=0, stream_dst=None, stream_ld=0, stream_rows=0, stream_cols=0,
     STREAM: tl.constexpr = False, STREAM_ROWS: tl.constexpr = 1, STREAM_ALIGNED: tl.constexpr = False,
 ):  # fmt: skip
     """``acc + a[row0 : row0 + BLOCK_M, :k_len] @ b[:k_len, col0 : col0 + BLOCK_N]`` in fp32.
@@ -105,8 +105,8 @@ def matmul_tile(
     :param b_desc: with ``TMA_B``, a descriptor of B (blocks ``BLOCK_K x BLOCK_N``): the
         tile's K starts at row ``b_row``, its columns at ``b_col``. Rows past ``k_len`` must
         be zero in A when B is read this way (they are: masked or zero-filled).
-    :param stream_src: with ``STREAM``, a finished ``BLOCK_M x BLOCK_N`` tile staged
-        row-major in local memory, copied to ``stream_dst`` (row stride ``stream_ld``; its
+    :param stream_src: with ``STREAM``, a finished ``BLOCK_M x BLOCK_N`` tile in local
+        memory (row stride ``stream_src_ld``), copied to ``stream_dst`` (row stride ``stream_ld``; its
         valid extent ``stream_rows x stream_cols``) ``STREAM_ROWS`` rows per K step while
         this tile is computed, so the copy's bytes leave at the pace of the tensor cores
         (a remote destination's link is then never flooded, and the program never stalls
@@ -123,8 +123,8 @@ def matmul_tile(
     k_tiles = tl.cdiv(k_len, BLOCK_K)
     if STREAM:
         s_ptrs, d_ptrs, s_mask = _slice(
-            stream_src, stream_dst, stream_ld, 0, stream_rows, stream_cols, STREAM_ROWS, BLOCK_M, BLOCK_N,
-            STREAM_ALIGNED,
+            stream_src, stream_src_ld, stream_dst, stream_ld, 0, stream_rows, stream_cols, STREAM_ROWS,
+            BLOCK_M, BLOCK_N, STREAM_ALIGNED,
         )  # fmt: skip
         part = tl.load(s_ptrs, mask=s_mask, cache_modifier=".cg")
     if INTERPRETED:  # range() over a run-time bound fails there
@@ -136,7 +136,7 @@ def matmul_tile(
             )  # fmt: skip
             if STREAM:
                 part = _stream_step(
-                    part, stream_src, stream_dst, stream_ld, k, stream_rows, stream_cols,
+                    part, stream_src, stream_src_ld, stream_dst, stream_ld, k, stream_rows, stream_cols,
                     STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
                 )  # fmt: skip
             k += 1
@@ -148,14 +148,14 @@ def matmul_tile(
             )  # fmt: skip
             if STREAM:
                 part = _stream_step(
-                    part, stream_src, stream_dst, stream_ld, k, stream_rows, stream_cols,
+                    part, stream_src, stream_src_ld, stream_dst, stream_ld, k, stream_rows, stream_cols,
                     STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
                 )  # fmt: skip
     if STREAM:  # rows the K steps did not cover (only when K has fewer steps than planned)
         k = k_tiles
         while k * STREAM_ROWS < BLOCK_M:
             part = _stream_step(
-                part, stream_src, stream_dst, stream_ld, k, stream_rows, stream_cols,
+                part, stream_src, stream_src_ld, stream_dst, stream_ld, k, stream_rows, stream_cols,
                 STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
             )  # fmt: skip
             k += 1
@@ -163,12 +163,14 @@ def matmul_tile(
 
 
 @triton.jit
-def _stream_step(part, src, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+def _stream_step(part, src, src_ld, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
     """Store slice ``k`` (``part``, loaded a step earlier) and load slice ``k + 1``."""
-    s_next, _, m_next = _slice(src, dst, ld, k + 1, rows_valid, cols_valid, R, BLOCK_M, BLOCK_N, ALIGNED)
+    s_next, _, m_next = _slice(
+        src, src_ld, dst, ld, k + 1, rows_valid, cols_valid, R, BLOCK_M, BLOCK_N, ALIGNED
+    )
     nxt = tl.load(s_next, mask=m_next, cache_modifier=".cg")
-    _, d_ptrs, mask = _slice(src, dst, ld, k, rows_valid, cols_valid, R, BLOCK_M, BLOCK_N, ALIGNED)
+    _, d_ptrs, mask = _slice(src, src_ld, dst, ld, k, rows_valid, cols_valid, R, BLOCK_M, BLOCK_N, ALIGNED)
     tl.store(d_ptrs, part, mask=mask)
     return nxt
 
@@ -196,3 +198,15 @@ def add_bias(acc, bias, col0, n_valid, HAS_BIAS: tl.constexpr, BLOCK_N: tl.const
         cols = col0 + tl.arange(0, BLOCK_N)
         acc += tl.load(bias + cols, mask=cols < n_valid, other=0.0).to(tl.float32)[None, :]
     return acc
+
+
+@triton.jit
+def copy_tile(src, src_ld, dst, ld, rows_valid, cols_valid, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              ALIGNED: tl.constexpr):  # fmt: skip
+    """Copy the valid ``rows_valid x cols_valid`` part of the ``BLOCK_M x BLOCK_N`` tile at
+    ``src`` (row stride ``src_ld``) to ``dst`` (row stride ``ld``) at once: what
+    :func:`matmul_tile` streams, when no tile is left to stream it under."""
+    s_ptrs, d_ptrs, mask = _slice(
+        src, src_ld, dst, ld, 0, rows_valid, cols_valid, BLOCK_M, BLOCK_M, BLOCK_N, ALIGNED
+    )
+    tl.store(d_ptrs, tl.load(s_ptrs, mask=mask, cache_modifier=".cg"), mask=mask)

@@ -14,7 +14,9 @@ grouped order inside a chunk) is computed by program ``t mod P`` on every rank; 
   stalling the program while the link drains; without, it is stored to the owner at once;
 * a tile of its own chunk: the peers' partials are added from the local workspace as soon
   as their flags show this call's generation, then the bias, and the tile is stored into
-  the output (``matmul_all_reduce``: into every member's output).
+  the output (``matmul_all_reduce``: into every member's output; in a group of two with
+  ``STREAM`` and "peers_first", copied from this rank's output to the peer's under the
+  program's next GEMM, like a partial).
 
 Two orders (``Config.order``):
 
@@ -50,7 +52,7 @@ from iris.ccl.triton import Group
 from iris.mem.triton import Context
 
 from . import _host
-from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
+from ._gemm import add_bias, copy_tile, grouped_tile, matmul_tile, tile_offsets
 from ._sync import call_generation, finish_call, raise_exits, remote_tile, signal, wait, wait_exits
 from .config import Config
 
@@ -86,10 +88,11 @@ def _reduce_own(
     ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
     col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
     GROUP: tl.constexpr, ME: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr, ALIGNED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr, ALIGNED: tl.constexpr, PUSH: tl.constexpr = True,
 ):  # fmt: skip
     """Add the peers' partials of own tile ``local`` to ``acc`` as their flags show ``gen``,
-    add the bias, store the tile into the output (``ALL_REDUCE``: into every member's)."""
+    add the bias, store the tile into the output (``ALL_REDUCE``: into every member's, or
+    with ``PUSH`` False only this rank's: the caller streams it to the peer)."""
     origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
     for s in tl.static_range(GROUP - 1):
         sender = group.rank((ME + 1 + s) % GROUP)
@@ -100,9 +103,10 @@ def _reduce_own(
     result = acc.to(out.dtype.element_ty)
     tl.store(out + o_origin + o_offs, result, mask=o_mask)
     if ALL_REDUCE:
-        for i in tl.static_range(1, GROUP):
-            peer = group.rank((ME + i) % GROUP)
-            tl.store(remote_tile(ctx, out, peer, o_origin, o_offs, ALIGNED), result, mask=o_mask)
+        if PUSH:
+            for i in tl.static_range(1, GROUP):
+                peer = group.rank((ME + i) % GROUP)
+                tl.store(remote_tile(ctx, out, peer, o_origin, o_offs, ALIGNED), result, mask=o_mask)
 
 
 @triton.jit
@@ -116,6 +120,7 @@ def _matmul_reduce_kernel(
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_N: tl.constexpr, ALL_REDUCE: tl.constexpr,
     ALIGNED: tl.constexpr, WS_ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
     SPREAD: tl.constexpr = False, STREAM: tl.constexpr = False, STREAM_ROWS: tl.constexpr = 1,
+    STREAM_OUT: tl.constexpr = False, STREAM_ALIGNED: tl.constexpr = False,
 ):  # fmt: skip
     """Chunk ``j`` covers rows ``[j*CM, (j+1)*CM)`` (``SPLIT_N`` False, CN = N) or columns
     ``[j*CN, (j+1)*CN)`` (``SPLIT_N``, CM = M), clipped to the matrix. ``ws`` holds
@@ -127,7 +132,10 @@ def _matmul_reduce_kernel(
     docstring instead of the peers' chunks first. ``exits[s, p]``: the last call program
     ``p`` of the member in slot ``s`` has left (reduce-scatter only). ``STREAM``: a peer's
     partial is staged in ``stage`` (``BLOCK_M x BLOCK_N`` per program, local) and copied to
-    its owner ``STREAM_ROWS`` rows per K step of the program's next tile (or at the end)."""
+    its owner ``STREAM_ROWS`` rows per K step of the program's next tile (or at the end);
+    ``STREAM_OUT`` (all-reduce of two members, "peers_first" order): a reduced tile is
+    streamed the same way from this rank's output into the peer's. ``STREAM_ALIGNED``: the
+    streamed rows may move in 16-byte vectors."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
@@ -145,8 +153,11 @@ def _matmul_reduce_kernel(
     pending_rank = pid * 0
     held = pid * 0 - 1  # SPREAD: k of the own tile parked one step ago, -1 for none
     staged = stage + tl.cast(pid, tl.int64) * (BLOCK_M * BLOCK_N)  # STREAM: this program's
-    job_off = tl.cast(pid, tl.int64) * 0  # STREAM: where the staged tile goes in the owner's ws
-    job_rows = pid * 0  # its valid rows (0: nothing staged) and columns
+    job_src = staged  # STREAM: the tile to copy under the next GEMM (row stride job_src_ld),
+    job_src_ld = pid * 0 + BLOCK_N
+    job_dst = ws  # where it goes (a peer's ws or output, row stride job_ld),
+    job_ld = pid * 0 + CN
+    job_rows = pid * 0  # its valid rows (0: no copy pending) and columns
     job_cols = pid * 0
     for phase in tl.static_range(1 if SPREAD else 2):
         step = pid * 0
@@ -174,8 +185,8 @@ def _matmul_reduce_kernel(
                     acc, a_chunk, b_chunk, row0, rows, col0, cols, K,
                     stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
                     a_desc, row_base + row0, b_desc, 0, col_base + col0, TMA_A, TMA_B,
-                    staged, ctx.translate(ws, pending_rank) + job_off, CN, job_rows, job_cols,
-                    STREAM, STREAM_ROWS, WS_ALIGNED,
+                    job_src, job_src_ld, job_dst, job_ld, job_rows, job_cols,
+                    STREAM, STREAM_ROWS, STREAM_ALIGNED,
                 )  # fmt: skip
                 job_rows = pid * 0
                 if pending >= 0:
@@ -193,7 +204,10 @@ def _matmul_reduce_kernel(
                         s_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
                         tl.store(staged + s_offs, acc.to(ws.dtype.element_ty))
                         tl.debug_barrier()  # read back by other threads of the program
-                        job_off = slot * slot_elems + origin
+                        job_src = staged
+                        job_src_ld = pid * 0 + BLOCK_N
+                        job_dst = ctx.translate(ws, owner) + slot * slot_elems + origin
+                        job_ld = pid * 0 + CN
                         job_rows = rows - row0
                         job_cols = cols - col0
                     else:
@@ -210,8 +224,16 @@ def _matmul_reduce_kernel(
                     _reduce_own(
                         ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
                         col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
-                        GROUP, ME, BLOCK_M, BLOCK_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
+                        GROUP, ME, BLOCK_M, BLOCK_N, HAS_BIAS, ALL_REDUCE, ALIGNED, not STREAM_OUT,
                     )  # fmt: skip
+                    if STREAM_OUT:  # the reduced tile goes to the peer under the next GEMM
+                        tl.debug_barrier()  # read back by other threads of the program
+                        job_src = out + o_origin
+                        job_src_ld = pid * 0 + stride_om
+                        job_dst = ctx.translate(out, group.rank((ME + 1) % GROUP)) + o_origin
+                        job_ld = pid * 0 + stride_om
+                        job_rows = rows - row0
+                        job_cols = cols - col0
             if SPREAD:
                 if held >= 0:
                     _reduce_parked(
@@ -222,11 +244,10 @@ def _matmul_reduce_kernel(
                 held = parking
             step += 1
     if STREAM:
-        if job_rows > 0:  # staged after the program's last GEMM: copied now, at once
-            origin, offs, mask = tile_offsets(0, job_rows, 0, job_cols, CN, 1, BLOCK_M, BLOCK_N)
-            s_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            part = tl.load(staged + s_offs, mask=mask, cache_modifier=".cg")
-            tl.store(remote_tile(ctx, ws, pending_rank, job_off, offs, WS_ALIGNED), part, mask=mask)
+        if job_rows > 0:  # left after the program's last GEMM: copied now, at once
+            copy_tile(
+                job_src, job_src_ld, job_dst, job_ld, job_rows, job_cols, BLOCK_M, BLOCK_N, STREAM_ALIGNED
+            )
     if pending >= 0:
         signal(ctx, ready + pending, gen, pending_rank)
     if SPREAD:
@@ -322,6 +343,7 @@ def run(
         step = cm * kout.stride(0) if not split_n else cn * kout.stride(1)
     else:
         step = 0
+    aligned, ws_aligned = _host.aligned(kout, step), _host.aligned(ws.buffers["partials"], cn)
     a_desc, tma_a = _host.tma_operand(a, (cfg.block_m, cfg.block_k), cfg.tma)
     # A chunk of columns must start on a 16-byte boundary for the copy engine's boxes (an
     # fp16 chunk of 1500 columns made the launch fail with an illegal instruction).
@@ -334,9 +356,10 @@ def run(
         a_desc, b_desc,
         m, n, k, cm, cn, *a.stride(), *b.stride(), *kout.stride(), step,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, SPLIT_N=split_n, ALL_REDUCE=all_reduce,
-        ALIGNED=_host.aligned(kout, step), WS_ALIGNED=_host.aligned(ws.buffers["partials"], cn),
+        ALIGNED=aligned, WS_ALIGNED=ws_aligned,
         TMA_A=tma_a, TMA_B=tma_b, SPREAD=size > 1 and spread(cfg), STREAM=stream,
-        STREAM_ROWS=stream_rows,
+        STREAM_ROWS=stream_rows, STREAM_OUT=stream and all_reduce and size == 2 and not spread(cfg),
+        STREAM_ALIGNED=ws_aligned and (aligned or not all_reduce),
     )  # fmt: skip
     if kout is not out:
         out.copy_(kout)

@@ -49,8 +49,9 @@ class Config:
         stream: ``matmul_reduce_scatter`` and ``matmul_all_reduce`` only: a partial tile
             for a peer is staged locally and copied a few rows per K step while the
             program computes its next tile, instead of being stored to the peer at once
-            (where the program's threads wait for the link when many push together); None
-            chooses (on).
+            (where the program's threads wait for the link when many push together); for
+            ``matmul_all_reduce`` in a group of two also its reduced tiles. None chooses
+            (on).
         tma: read A and B through Hopper's tensor memory accelerator (host tensor
             descriptors) where their layout allows it (row-major, 16-byte aligned rows),
             instead of ``cp.async`` loads; None chooses (on for bf16/fp16, where it
