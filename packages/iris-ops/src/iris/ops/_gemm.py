@@ -110,8 +110,9 @@ def matmul_tile(
         valid extent ``stream_rows x stream_cols``) ``STREAM_ROWS`` rows per K step while
         this tile is computed, so the copy's bytes leave at the pace of the tensor cores
         (a remote destination's link is then never flooded, and the program never stalls
-        on it). ``STREAM_ROWS`` times the K steps must cover ``BLOCK_M``. Each step loads
-        the next slice and stores the one loaded a step earlier, so no load is waited for.
+        on it). Each step loads the next slice and stores the one loaded a step earlier, so
+        no load is waited for; rows the K steps do not reach (a K loop shorter than
+        ``BLOCK_M / STREAM_ROWS`` steps, e.g. K = 0) are copied after it.
     """
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
