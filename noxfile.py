@@ -1,6 +1,7 @@
 """Developer and CI sessions for the Iris monorepo.
 
-Run ``nox -s tests`` for the CPU test suite (Triton interpreter, no GPU needed),
+Run ``nox -s tests`` for the CPU test suite (Triton interpreter, no GPU needed; the
+exhaustive cases marked ``full`` run in ``nox -s tests_full``),
 ``nox -s gpu_tests`` on a machine with NVIDIA GPUs, ``nox -s lint``, ``nox -s build``
 and ``nox -s docs``. Sessions use the interpreter nox itself runs under.
 """
@@ -65,19 +66,38 @@ def _cpu_env() -> dict[str, str]:
     return {"IRIS_BACKEND": "cpu", "TRITON_INTERPRET": "1"}
 
 
-def _run_pytest(session: nox.Session, *args: str, env: dict[str, str]) -> None:
+def _run_pytest(session: nox.Session, *args: str, env: dict[str, str], deadlines: str | None = None) -> None:
+    """pytest over every package's tests. ``deadlines`` ("strict" or "warn") records how long
+    each multi-rank world took; pytest's summary lists those closest to their deadline, and
+    "strict" fails unless each finished in a third of its deadline (``.ci/check_deadlines.py``)."""
     test_dirs = _test_dirs()
     if not test_dirs:
         session.skip("no packages/*/tests directories found")
+    if deadlines:
+        durations = Path(session.create_tmp()) / "world-durations.jsonl"
+        durations.unlink(missing_ok=True)
+        env = {**env, "IRIS_TEST_DURATIONS": str(durations)}
     session.run("pytest", *test_dirs, *args, *session.posargs, env=env)
+    if deadlines == "strict":  # (the "warn" report is part of pytest's summary: conftest.py)
+        session.run("python", str(ROOT / ".ci" / "check_deadlines.py"), str(durations))
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU test suite: pinned torch/triton, cpu backend, Triton interpreter."""
+    """CPU test suite: pinned torch/triton, cpu backend, Triton interpreter. Leaves the
+    exhaustive cases (marked ``full``) to ``tests_full``; reports worlds near their deadline."""
     session.install(TORCH, TRITON)
     session.install(TORCH, TRITON, *_package_paths(), *TEST_DEPS)
-    _run_pytest(session, env=_cpu_env())
+    _run_pytest(session, "-m", "not full", "--durations=15", env=_cpu_env(), deadlines="warn")
+
+
+@nox.session
+def tests_full(session: nox.Session) -> None:
+    """Every CPU test, the exhaustive matrices included; fails when a multi-rank world used
+    more than a third of its deadline (run it on an idle machine)."""
+    session.install(TORCH, TRITON)
+    session.install(TORCH, TRITON, *_package_paths(), *TEST_DEPS)
+    _run_pytest(session, "--durations=15", env=_cpu_env(), deadlines="strict")
 
 
 @nox.session
@@ -86,7 +106,7 @@ def tests_latest(session: nox.Session) -> None:
     session.install("--upgrade", TORCH, "triton")
     session.install(TORCH, *_package_paths(), *TEST_DEPS)
     session.run("python", "-c", "import triton; print('triton', triton.__version__)")
-    _run_pytest(session, env=_cpu_env())
+    _run_pytest(session, "-m", "not full", env=_cpu_env())
 
 
 # World sizes the examples session runs every example at: an odd world, and a world of one.

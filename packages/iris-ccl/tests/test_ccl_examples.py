@@ -18,7 +18,7 @@ EXAMPLES = sorted(EXAMPLES_DIR.glob("1[0-9]_*.py")) if EXAMPLES_DIR.is_dir() els
 
 
 @pytest.mark.skipif(not EXAMPLES, reason=f"no examples found at {EXAMPLES_DIR} (not a source checkout)")
-@pytest.mark.parametrize("world", (1, 2 if BACKEND == "cuda" else 3))
+@pytest.mark.parametrize("world", (pytest.param(1, marks=pytest.mark.full), 2 if BACKEND == "cuda" else 3))
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example(path: Path, world: int) -> None:
     require_world(world)

@@ -212,7 +212,7 @@ def _assert_clean(results, min_cases: int) -> None:
     assert max(res["cases"] for res in results) >= min_cases
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", [1, 2, 3, pytest.param(4, marks=pytest.mark.full)])
 def test_rooted_match_torch(world_size):
     # World 1 is cheap (no kernels): every dtype at every size there.
     sizes = SIZES * len(DTYPES) if world_size == 1 else SIZES

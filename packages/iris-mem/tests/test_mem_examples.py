@@ -19,7 +19,7 @@ EXAMPLES = sorted(EXAMPLES_DIR.glob("0[0-9]_*.py")) if EXAMPLES_DIR.is_dir() els
 
 
 @pytest.mark.skipif(not EXAMPLES, reason=f"no examples found at {EXAMPLES_DIR} (not a source checkout)")
-@pytest.mark.parametrize("world", (1, MULTI_WORLD))
+@pytest.mark.parametrize("world", (pytest.param(1, marks=pytest.mark.full), MULTI_WORLD))
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example(path: Path, world: int) -> None:
     require_world(world)

@@ -12,9 +12,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from iris.mem.testing import record_duration
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -27,13 +30,16 @@ def _run(args: list[str], timeout: float = 300.0) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(BENCH)]
     # A session of its own, so a deadline kills torchrun and both ranks together.
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    started = time.monotonic()
     proc = subprocess.Popen(cmd + args, env=env, start_new_session=True, **pipes)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
+        record_duration("torchrun", 2, timeout, time.monotonic() - started, "bench_ops.py", True)
         raise AssertionError(f"bench_ops.py {args} did not finish in {timeout:g} s:\n{output}") from None
+    record_duration("torchrun", 2, timeout, time.monotonic() - started, "bench_ops.py")
     assert proc.returncode == 0, f"bench_ops.py {args} exited {proc.returncode}:\n{output}"
     return output
 
@@ -55,6 +61,7 @@ def test_bench_ops_smoke_runs_every_op(tmp_path):
     assert "| op | M | N | K | iris |" in output
 
 
+@pytest.mark.full
 @pytest.mark.skipif(not BENCH.is_file(), reason=f"{BENCH} not found (not a source checkout)")
 def test_bench_ops_tune_smoke(tmp_path):
     args = ["--smoke", "--tune", "--ops", "matmul_reduce_scatter", "--shapes", "4x40x24", "--reps", "1"]
@@ -69,6 +76,7 @@ def test_bench_ops_tune_smoke(tmp_path):
     assert "BEST matmul_reduce_scatter" in output
 
 
+@pytest.mark.full
 @pytest.mark.skipif(not BENCH.is_file(), reason=f"{BENCH} not found (not a source checkout)")
 def test_bench_ops_tune_given_configs(tmp_path):
     """--configs times exactly the given Configs against the default (and checks them)."""

@@ -5,11 +5,16 @@ file store in a private temporary folder, so concurrent worlds never collide), r
 function in each, and returns what every rank returned. A rank that raises, crashes or
 outlives the deadline fails the whole world: every rank is killed at the deadline and
 the error names the ranks and shows their tracebacks.
+
+Deadlines must hold on a loaded machine: with ``IRIS_TEST_DURATIONS`` set to a file path,
+every world and example appends one JSON line to it (the pytest test that ran it, the world
+size, the deadline and the seconds taken), which ``.ci/check_deadlines.py`` compares.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import os
 import pickle
@@ -48,6 +53,24 @@ class WorldError(RuntimeError):
     def __init__(self, message: str, results: list[RankResult]):
         super().__init__(message)
         self.results = results
+
+
+def record_duration(
+    kind: str, world_size: int, timeout: float, seconds: float, what: str = "", timed_out: bool = False
+) -> None:
+    """Append a duration record to ``$IRIS_TEST_DURATIONS`` when it is set (see the module
+    docstring). One ``write`` of one line in append mode: concurrent writers do not mix.
+    ``timed_out``: the run was killed at its deadline (its test failed, or meant it to happen)."""
+    path = os.environ.get("IRIS_TEST_DURATIONS")
+    if not path:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or "-"
+    line = json.dumps(
+        {"test": test, "kind": kind, "what": what, "world_size": world_size, "timeout": timeout,
+         "seconds": round(seconds, 3), "timed_out": timed_out}
+    )  # fmt: skip
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def _worker(
@@ -141,6 +164,7 @@ def launch_world(
         rank_env["TRITON_INTERPRET"] = "1"
     rank_env.update(env or {})
     procs = []
+    started = time.monotonic()
     try:
         for rank in range(world_size):
             path = os.path.join(folder, f"rank{rank}.pkl")
@@ -174,6 +198,8 @@ def launch_world(
             else:
                 result.error = f"rank {rank} died with exit code {p.exitcode} before reporting"
             results.append(result)
+        seconds = time.monotonic() - started
+        record_duration("world", world_size, timeout, seconds, getattr(fn, "__name__", ""), any(timed_out))
         return results
     finally:
         for p in procs:
@@ -234,12 +260,15 @@ def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> 
         str(nproc),
         path,
     ]
+    started = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
+        record_duration("example", nproc, timeout, time.monotonic() - started, os.path.basename(path), True)
         raise AssertionError(
             f"{path} with {nproc} rank(s) did not finish in {timeout:g} s:\n{exc.stdout}\n{exc.stderr}"
         ) from None
+    record_duration("example", nproc, timeout, time.monotonic() - started, os.path.basename(path))
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise AssertionError(f"{path} with {nproc} rank(s) exited {proc.returncode}:\n{output}")
@@ -252,7 +281,7 @@ def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> 
     return output
 
 
-__all__ = ["RankResult", "WorldError", "launch_world", "run_example", "run_world"]
+__all__ = ["RankResult", "WorldError", "launch_world", "record_duration", "run_example", "run_world"]
 
 
 _SCALAR_LOAD = re.compile(r"^(?:@%p\d+ )?ld(?:\.volatile)?\.global\.b32 \{ %r\d+ \}, \[ (%rd\d+) \+ 0 \];")
