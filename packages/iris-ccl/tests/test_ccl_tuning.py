@@ -279,14 +279,22 @@ def test_collectives_log_through_the_rank_aware_logger():
 
 
 def test_programmatic_dependent_launch_only_on_gpus_and_switchable(monkeypatch):
-    """``_host.pdl``: never for the CPU backend (the interpreter has no griddepcontrol), and
-    ``IRIS_CCL_PDL=0`` turns it off before the device is even looked at."""
+    """``_host.pdl``: never where kernels are interpreted (no griddepcontrol there), on where
+    the device has it, and ``IRIS_CCL_PDL=0`` turns it off."""
+    import dataclasses
     import types
 
+    import iris.mem
     from iris.ccl import _host
 
     monkeypatch.delenv("IRIS_CCL_PDL", raising=False)
-    assert _host.pdl(types.SimpleNamespace(device=torch.device("cpu"))) is False
+    interpreted = iris.mem.capabilities(torch.device("cpu"))
+    assert interpreted.interpreted and not interpreted.pdl
+    assert _host.pdl(types.SimpleNamespace(capabilities=interpreted)) is False
+    hopper = dataclasses.replace(interpreted, interpreted=False, pdl=True)
+    assert _host.pdl(types.SimpleNamespace(capabilities=hopper)) is True
     monkeypatch.setenv("IRIS_CCL_PDL", "0")
-    # a CUDA device index that may not exist: with the switch off it is never queried
-    assert _host.pdl(types.SimpleNamespace(device=torch.device("cuda", 7))) is False
+    assert _host.pdl(types.SimpleNamespace(capabilities=hopper)) is False
+    monkeypatch.setenv("IRIS_CCL_PDL", "maybe")
+    with pytest.raises(ValueError, match="IRIS_CCL_PDL"):
+        _host.pdl(types.SimpleNamespace(capabilities=hopper))

@@ -64,7 +64,7 @@ def test_missing_peer_turns_into_an_error(kill):
         assert results[rank].ok, results[rank].error
         message, seconds = results[rank].value
         assert f"rank {rank}: device_barrier gave up waiting for rank {world - 1}" in message
-        assert "IRIS_WAIT_TIMEOUT=2 s" in message and "flag at address 0x" in message
+        assert "IRIS_WAIT_TIMEOUT=2 s" in message and "flag at 0x" in message and "sync slot 0" in message
         assert 2 <= seconds < 60, seconds  # waited the timeout (device clock), not a number of polls
     if kill:
         assert results[world - 1].exitcode == -signal.SIGKILL

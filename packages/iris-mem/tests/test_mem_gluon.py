@@ -478,7 +478,7 @@ def child_main(group: str) -> dict:
     missing = toolchain_missing()
     if missing:
         return {"skip": missing}
-    import iris.mem._env as env
+    import iris.mem.settings as env
 
     if not hasattr(_rma_kernel, "is_gluon") or env.interpreted():
         return {"failures": ["the child runs with TRITON_INTERPRET: nothing was compiled"]}

@@ -14,58 +14,25 @@ import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.mem import SymmetricHeap, _env
+from iris.mem import SymmetricHeap
 from iris.mem.log import get_logger
+from iris.mem.runtime import MAX_SLOTS, SyncState, group_ranks
 
-from .config import MAX_PROGRAMS
-from .triton.sync import describe_sync_flag
+from .settings import p2p_bytes, staging_bytes
 
 _log = get_logger(__name__)
 
 #: The staging buffers a communicator may make (iris.ccl's own heaps are sized for all).
 STAGING_NAMES = ("in", "out", "acc", "locks", "push", "ll")
-#: Sync slots: programs per kernel launch (per-tile kernels split larger messages).
-MAX_SLOTS = MAX_PROGRAMS
-_STATUS_WORDS = 4
-
-
-def _env_bytes(name: str, default: int) -> int:
-    return _env.positive_number(name, default, int, "bytes")
-
-
-def staging_bytes(backend: str) -> int:
-    """Bytes of each staging buffer (``IRIS_CCL_STAGING_BYTES``; default 64 MiB on GPUs,
-    4 MiB on the CPU backend)."""
-    return _env_bytes("IRIS_CCL_STAGING_BYTES", (64 << 20) if backend == "cuda" else (4 << 20))
-
-
 #: Bytes of one point-to-point tile: a mailbox slot is split into tiles of this size, each
 #: moved by one program with its own sequence counters (see p2p.py).
 P2P_TILE_BYTES = 16 << 10
 
 
-def p2p_bytes() -> int:
-    """Bytes of each mailbox slot of send/recv (``IRIS_CCL_P2P_BYTES``, default 256 KiB,
-    rounded up to whole tiles of :data:`P2P_TILE_BYTES`); one slot per sender on every rank."""
-    nbytes = _env_bytes("IRIS_CCL_P2P_BYTES", 256 << 10)
-    return -(-nbytes // P2P_TILE_BYTES) * P2P_TILE_BYTES
-
-
 def p2p_heap_bytes(group_size: int) -> int:
     """Heap bytes of the send/recv state of a group: mailboxes and counters (with slack)."""
-    tiles = p2p_bytes() // P2P_TILE_BYTES
-    return group_size * p2p_bytes() + 4 * group_size * tiles * 4 + (64 << 10)
-
-
-def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
-    """Global ranks of ``group`` (None: the world), in group-rank order."""
-    if group is None:
-        return list(range(dist.get_world_size()))
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("this process is not a member of the group passed to the collective")
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
-    return list(dist.get_process_group_ranks(group))
+    tiles = p2p_bytes(P2P_TILE_BYTES) // P2P_TILE_BYTES
+    return group_size * p2p_bytes(P2P_TILE_BYTES) + 4 * group_size * tiles * 4 + (64 << 10)
 
 
 class Communicator:
@@ -79,25 +46,27 @@ class Communicator:
         self.members = [heap_ranks.index(r) for r in self.global_ranks]
         self.size = len(self.members)
         self.index = self.members.index(heap.rank)
-        self.members_tensor = torch.tensor(self.members, dtype=torch.int32, device=heap.device)
-        self.flags = heap.zeros(MAX_SLOTS * self.size, dtype=torch.int32)
-        self.epochs = heap.zeros(MAX_SLOTS, dtype=torch.int32)
-        self.status = heap.zeros(_STATUS_WORDS, dtype=torch.int64)
+        self.sync = SyncState(
+            heap, self.members, MAX_SLOTS, "a collective",
+            "every rank of the group must call the same collectives in the same order with the same sizes",
+        )  # fmt: skip
+        self.capabilities = heap.capabilities
         self._side_streams: list | None = None
         self._staging: dict[str, torch.Tensor] = {}
         # send/recv state, on iris.ccl's own heaps only (p2p always runs there): one mailbox
         # slot per sender, and int32 counters [4 (seq, ack, sent, received), size, tiles].
         self.p2p_mailbox = self.p2p_counters = None
         if owns_heap:
-            self.p2p_mailbox = heap.empty(self.size * p2p_bytes(), dtype=torch.uint8)
-            self.p2p_counters = heap.zeros(4 * self.size * (p2p_bytes() // P2P_TILE_BYTES), dtype=torch.int32)
+            nbytes = p2p_bytes(P2P_TILE_BYTES)
+            self.p2p_mailbox = heap.empty(self.size * nbytes, dtype=torch.uint8)
+            self.p2p_counters = heap.zeros(4 * self.size * (nbytes // P2P_TILE_BYTES), dtype=torch.int32)
         heap.barrier()
         _log.debug(
             "communicator for group %s on %s heap (%d bytes, %s)",
             self.global_ranks,
             "its own" if owns_heap else "the caller's",
             heap.heap_size,
-            heap.backend,
+            heap.device,
         )
 
     @property
@@ -119,7 +88,7 @@ class Communicator:
             raise RuntimeError(f"internal: staging buffer {name!r} is not one of {STAGING_NAMES}")
         buf = self._staging.get(name)
         if buf is None:
-            buf = self.heap.empty(max(nbytes, staging_bytes(self.heap.backend)), dtype=torch.uint8)
+            buf = self.heap.empty(max(nbytes, staging_bytes(self.capabilities)), dtype=torch.uint8)
             _log.debug("staging buffer %r: %d bytes, group %s", name, buf.numel(), self.global_ranks)
             if zero:
                 buf.zero_()
@@ -145,43 +114,19 @@ class Communicator:
 
     def check(self) -> None:
         """Raise the first wait timeout a kernel of this communicator recorded (reads
-        device memory: immediate on the CPU backend, after a synchronisation on GPUs)."""
-        code, rank, peer, address = (int(v) for v in self.status.tolist())
-        if code:
-            self.status.zero_()
-            where = describe_sync_flag(address, self.flags, self.epochs, self.size, self.index)
-            _log.error("a collective gave up waiting: rank %d for rank %d (%s)", rank, peer, where)
-            raise iris.mem.DeviceWaitTimeout(
-                f"rank {rank}: a collective gave up waiting for rank {peer} ({where}) after "
-                f"IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the group must call the "
-                "same collectives in the same order with the same sizes"
-            )
+        device memory: after a synchronisation where kernels run asynchronously)."""
+        self.sync.check()
 
     def kernel_args(self) -> tuple:
-        """Leading arguments of every collective kernel."""
-        return (
-            self.heap.get_device_context(),
-            self.members_tensor,
-            self.flags,
-            self.epochs,
-            self.status,
-            iris.mem.wait_budget_ns(),
-        )
+        """Leading arguments of every collective kernel (see :mod:`iris.mem.runtime`)."""
+        return self.sync.kernel_args()
 
     def kernel_meta(self) -> dict:
-        """Constexpr arguments of every collective kernel."""
-        return {"RANK": self.heap.rank, "WORLD": self.heap.world_size, "GROUP": self.size, "ME": self.index}
+        """Leading constexprs of every collective kernel."""
+        return self.sync.kernel_meta()
 
 
 _COMMUNICATORS: dict[tuple[int, tuple[int, ...]], Communicator] = {}
-
-
-def _check_initialized() -> None:
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "iris.ccl collectives need torch.distributed: launch with torchrun, or call "
-            "torch.distributed.init_process_group() (or iris.mem.init()) first"
-        )
 
 
 def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Communicator | None:
@@ -191,7 +136,6 @@ def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -
     Every rank must pass tensors of the same kind (all on such a heap, or not), so that all
     ranks make the same choice.
     """
-    _check_initialized()
     ranks = tuple(group_ranks(group))
     heap = iris.mem.heap_of(tensors[0]) if tensors else None
     if heap is None or tuple(heap.global_ranks) != ranks:
@@ -208,14 +152,13 @@ def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -
 def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
     """The communicator on iris.ccl's own heap for ``group`` (made on first use, collectively;
     ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers)."""
-    _check_initialized()
     ranks = tuple(group_ranks(group))
     key = (0, ranks)
     comm = _COMMUNICATORS.get(key)
     if comm is None or comm.heap.closed:
-        backend = "cuda" if device.type == "cuda" else "cpu"
-        size = len(STAGING_NAMES) * staging_bytes(backend) + (8 << 20) + p2p_heap_bytes(len(ranks))
-        heap = iris.mem.init(size, backend=backend, group=group)
+        caps = iris.mem.capabilities(device)
+        size = len(STAGING_NAMES) * staging_bytes(caps) + (8 << 20) + p2p_heap_bytes(len(ranks))
+        heap = iris.mem.init(size, backend=caps.backend, group=group)
         comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=True)
     return comm
 
@@ -223,13 +166,13 @@ def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
 def check_errors() -> None:
     """Raise the first wait timeout any collective of this process recorded.
 
-    On the CPU backend collectives raise by themselves; on GPUs kernels only record the
-    timeout, so call this after a synchronisation point (it synchronises the device itself).
+    Where kernels are interpreted collectives raise by themselves; on GPUs kernels only
+    record the timeout, so call this after a synchronisation point (it synchronises the
+    device itself).
     """
     for comm in list(_COMMUNICATORS.values()):
         if not comm.heap.closed:
-            if comm.device.type == "cuda":
-                torch.cuda.synchronize(comm.device)
+            iris.mem.synchronize(comm.device)
             comm.check()
 
 

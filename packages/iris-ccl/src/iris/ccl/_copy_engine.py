@@ -90,7 +90,7 @@ class _Streams:
     every step runs in order on the host)."""
 
     def __init__(self, comm):
-        self.cuda = comm.device.type == "cuda"
+        self.cuda = comm.capabilities.streams
         if self.cuda:
             self.main = torch.cuda.current_stream(comm.device)
             self.side = comm.side_streams()

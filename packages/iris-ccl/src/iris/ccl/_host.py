@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import os
 from collections import Counter
 from typing import Any
 
@@ -14,11 +12,13 @@ import torch.distributed as dist
 import triton
 
 import iris.mem
+from iris.mem import runtime
 from iris.mem.log import get_logger
 
 from . import _comm
 from .config import BOX_VARIANTS, Config, check_config, select
 from .reduce_op import ReduceOp, check_dtype, check_op
+from .settings import pdl_enabled, staging_bytes
 from .work import Work
 
 _log = get_logger(__name__)
@@ -83,9 +83,8 @@ def check_consistent(collective: str, group, **fields: Any) -> None:
     """
     if not iris.mem.debug_enabled():
         return
-    _comm._check_initialized()
     signature = {"collective": collective, **fields}
-    ranks = _comm.group_ranks(group)
+    ranks = runtime.group_ranks(group)
     gathered: list[Any] = [None] * len(ranks)
     dist.all_gather_object(gathered, signature, group=group)
     keys = [repr(sorted(sig.items())) for sig in gathered]
@@ -136,12 +135,12 @@ def setup(
         variant=config.variant if isinstance(config, Config) else "auto",
         root=root,
     )
-    interpreted = tensors[0].device.type != "cuda"
-    cfg = select(collective, nbytes, len(_comm.group_ranks(group)), interpreted, config)
-    if cfg.programs and not (config is not None and config.programs) and not interpreted:
+    caps = iris.mem.capabilities(tensors[0].device)
+    cfg = select(collective, nbytes, len(runtime.group_ranks(group)), caps.interpreted, config)
+    if cfg.programs and not (config is not None and config.programs):
         # programs from the tuning table, maybe measured on a GPU with more SMs: never more
         # than this one keeps resident (a program waiting on a twin that is not scheduled hangs)
-        cfg = dataclasses.replace(cfg, programs=min(cfg.programs, _sm_count(tensors[0].device.index or 0)))
+        cfg = dataclasses.replace(cfg, programs=min(cfg.programs, caps.resident_programs))
     # boxed and ll stage through iris.ccl's own heap: they never spend the caller's heap.
     comm = None if stage or cfg.variant in BOX_VARIANTS else _comm.in_place(tensors, group)
     in_place = comm is not None
@@ -153,57 +152,29 @@ def setup(
 
 
 def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **meta) -> None:
-    """Launch ``kernel`` with the communicator's leading arguments and constexprs. Every
-    collective kernel waits on its twin programs on the peers, so a launch may not have more
-    programs than :func:`persistent_grid` gives (more could leave a waiting program holding
-    the SM its peer's twin needs: a hang, as the per-tile ``ring`` kernel did)."""
-    if grid > _comm.MAX_SLOTS:
-        raise RuntimeError(f"internal: grid {grid} exceeds {_comm.MAX_SLOTS} sync slots")
-    if grid > resident_programs(comm, cfg):
-        raise RuntimeError(
-            f"internal: {grid} programs of {getattr(kernel, '__name__', kernel)} exceed the "
-            f"{resident_programs(comm, cfg)} that persistent kernels use"
-        )
-    if "PDL" in kernel.arg_names:
+    """Launch ``kernel`` on the communicator's sync state (:func:`iris.mem.runtime.launch`)
+    with the config's tile and warps; kernels with a ``PDL`` constexpr get programmatic
+    dependent launch where the device has it, unless ``IRIS_CCL_PDL=0``."""
+    if "PDL" in getattr(kernel, "arg_names", ()):
         on = pdl(comm)
         meta = {**meta, "PDL": on, "launch_pdl": on}
-    kernel[(grid,)](
-        *comm.kernel_args(),
-        *args,
-        **comm.kernel_meta(),
-        BLOCK=cfg.block_size,
-        num_warps=cfg.num_warps,
-        **meta,
-    )
-    if comm.heap.backend == "cpu":
-        comm.check()
+    runtime.launch(
+        kernel, grid, comm.sync, *args, programs=resident_programs(comm, cfg),
+        BLOCK=cfg.block_size, num_warps=cfg.num_warps, **meta,
+    )  # fmt: skip
 
 
 def pdl(comm: _comm.Communicator) -> bool:
-    """Whether kernels that start with :func:`~iris.ccl.triton.sync.enter_launch` are
-    launched with programmatic dependent launch: on GPUs of compute capability 9 or later,
-    unless ``IRIS_CCL_PDL=0``."""
-    if comm.device.type != "cuda" or os.environ.get("IRIS_CCL_PDL", "1") == "0":
-        return False
-    return _capability(comm.device.index or 0) >= (9, 0)
-
-
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    """Whether kernels that start with :func:`~iris.mem.triton.sync.enter_launch` are
+    launched with programmatic dependent launch: where the device has it, unless
+    ``IRIS_CCL_PDL=0``."""
+    return comm.capabilities.pdl and pdl_enabled()
 
 
 def resident_programs(comm: _comm.Communicator, cfg: Config) -> int:
-    """``cfg.programs``, or by default one per SM on GPUs (2 in the interpreter): programs
-    that stay co-resident, so programs waiting on their peers never starve each other."""
-    if cfg.programs:
-        return cfg.programs
-    return _sm_count(comm.device.index or 0) if comm.device.type == "cuda" else 2
+    """``cfg.programs``, or by default the programs the device keeps resident (one per SM
+    on GPUs, 2 in the interpreter): programs waiting on their peers never starve each other."""
+    return cfg.programs or comm.capabilities.resident_programs
 
 
 def persistent_grid(comm: _comm.Communicator, cfg: Config, length: int) -> int:
@@ -238,7 +209,7 @@ def max_elements(cfg: Config, itemsize: int, staged: bool, comm: _comm.Communica
     if cfg.chunk_elements:
         limit = min(limit, cfg.chunk_elements)
     if staged:
-        limit = min(limit, _comm.staging_bytes(comm.heap.backend) // itemsize)
+        limit = min(limit, staging_bytes(comm.capabilities) // itemsize)
     return max(limit, 1)
 
 
@@ -252,9 +223,8 @@ def cdiv(a: int, b: int) -> int:
 
 def group_position(group) -> tuple[int, int]:
     """``(size, index)``: members of ``group`` (None: the world) and this process's place."""
-    _comm._check_initialized()
-    ranks = _comm.group_ranks(group)
-    return len(ranks), ranks.index(dist.get_rank())
+    ranks, index = runtime.group_index(group)
+    return len(ranks), index
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -8,18 +8,17 @@ so a bad rank raises the same clear ``ValueError`` everywhere instead of hanging
 from __future__ import annotations
 
 import operator
-import os
 
 import torch
 import torch.distributed as dist
 
-from . import _comm
+import iris.mem
+from iris.mem.runtime import group_ranks
 
 
 def member_index(rank: object, group, name: str, collective: str) -> int:
     """Index in ``group`` of global rank ``rank`` (argument ``name`` of ``collective``)."""
-    _comm._check_initialized()
-    ranks = _comm.group_ranks(group)
+    ranks = group_ranks(group)
     if isinstance(rank, bool):
         raise TypeError(f"{collective}: {name} must be an int global rank, got {rank!r}")
     try:
@@ -38,11 +37,8 @@ def member_index(rank: object, group, name: str, collective: str) -> int:
 
 
 def default_device() -> torch.device:
-    """The device of iris.ccl's own heap when no tensor names one: the current GPU unless
-    ``IRIS_BACKEND=cpu`` or no GPU is visible."""
-    if torch.cuda.is_available() and os.environ.get("IRIS_BACKEND", "").strip().lower() != "cpu":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """The device of iris.ccl's own heap when no tensor names one (:func:`iris.mem.default_device`)."""
+    return iris.mem.default_device()
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:

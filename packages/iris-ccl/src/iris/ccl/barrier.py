@@ -37,10 +37,9 @@ def barrier(group=None, async_op: bool = False, *, config: Config | None = None)
     ``torch.cuda.synchronize()`` for that). The heap lives on the current GPU unless
     ``IRIS_BACKEND=cpu`` or no GPU is visible.
     """
-    _comm._check_initialized()
     _host.check_consistent("barrier", group)
     comm = _comm.own(group, _rooted.default_device())
     if comm.size > 1:
-        cfg = select("barrier", 0, comm.size, comm.heap.backend == "cpu", config)
+        cfg = select("barrier", 0, comm.size, comm.capabilities.interpreted, config)
         _host.launch(_barrier_kernel, 1, comm, cfg)
     return _host.finish(comm, async_op)

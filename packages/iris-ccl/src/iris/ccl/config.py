@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from pathlib import Path
+
+from .settings import TABLE_ENV, table_path
 
 #: Variants each collective accepts ("auto" picks from the table).
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -126,7 +127,6 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
 #: on GPUs; fields the caller sets win).
 TABLE_FIELDS = ("block_size", "num_warps", "chunk_elements", "programs")
 #: Environment variable naming a tuning table to use instead of the packaged one.
-TABLE_ENV = "IRIS_CCL_TABLE"
 _PACKAGED_TABLE = Path(__file__).with_name("tuning.json")
 
 
@@ -172,7 +172,7 @@ def _valid_rule(rule: object, collective: str) -> bool:
 def tuning_table() -> dict:
     """The tuning table in use: the file ``$IRIS_CCL_TABLE`` names, else the packaged
     ``tuning.json`` (measured on 2 x H200)."""
-    return _load_table(os.environ.get(TABLE_ENV) or str(_PACKAGED_TABLE))
+    return _load_table(table_path() or str(_PACKAGED_TABLE))
 
 
 def auto_variant(collective: str, nbytes: int, world_size: int) -> str:

@@ -14,9 +14,10 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from iris.mem.runtime import group_ranks
 from iris.mem.triton import Context
 
-from . import _comm, _host, _rooted
+from . import _host, _rooted
 from .config import Config
 from .triton import Group, tiles
 from .work import Work
@@ -65,7 +66,7 @@ def gather(
     """
     root = _rooted.member_index(dst, group, "dst", "gather")
     _host.check_tensor(inp, "inp")
-    size = len(_comm.group_ranks(group))
+    size = len(group_ranks(group))
     is_root = dist.get_rank() == dst
     if is_root:
         if out is None:

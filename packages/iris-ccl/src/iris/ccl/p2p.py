@@ -36,6 +36,7 @@ from iris.mem.utils import wait_at_least
 
 from . import _comm, _host, _rooted
 from .config import Config, select
+from .settings import p2p_bytes
 from .triton import record_timeout
 from .work import Work
 
@@ -144,10 +145,10 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
     # mailbox holds the same bytes either way, so the two sides need not agree on it.
     word = 4 if nbytes % 16 == 0 and raw.data_ptr() % 16 == 0 else 1
     cfg = dataclasses.replace(
-        select(kind, nbytes, comm.size, comm.heap.backend == "cpu", config),
+        select(kind, nbytes, comm.size, comm.capabilities.interpreted, config),
         block_size=_comm.P2P_TILE_BYTES // word,
     )
-    slot_bytes = _comm.p2p_bytes()
+    slot_bytes = p2p_bytes(_comm.P2P_TILE_BYTES)
     counters = comm.p2p_counters.view(4, comm.size, slot_bytes // _comm.P2P_TILE_BYTES)
     sender, receiver = (comm.index, peer) if kind == "send" else (peer, comm.index)
     box = comm.p2p_mailbox[sender * slot_bytes : (sender + 1) * slot_bytes]

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+import iris.mem
 from iris.mem.triton import Context
 
 from . import _boxed, _host
@@ -133,7 +134,7 @@ def reduce_scatter(
     # push touches only its workspace remotely, which lives on iris.ccl's own heap (so it
     # never spends the caller's heap on it).
     _host.check_config(config)
-    interpreted = inp.device.type != "cuda"
+    interpreted = iris.mem.capabilities(inp.device).interpreted
     variant = select("reduce_scatter", inp.numel() * itemsize, size, interpreted, config).variant
     stage = stage or variant == "push"
     comm, in_place, cfg = _host.setup(

@@ -15,9 +15,10 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from iris.mem.runtime import group_ranks
 from iris.mem.triton import Context
 
-from . import _comm, _host, _rooted
+from . import _host, _rooted
 from .config import Config
 from .triton import Group, tiles
 from .work import Work
@@ -66,7 +67,7 @@ def scatter(
     """
     root = _rooted.member_index(src, group, "src", "scatter")
     _host.check_tensor(out, "out")
-    size = len(_comm.group_ranks(group))
+    size = len(group_ranks(group))
     is_root = dist.get_rank() == src
     if is_root:
         if inp is None:

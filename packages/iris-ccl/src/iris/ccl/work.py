@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+import iris.mem
+
 
 class Work:
     """Completion handle of a collective queued on the current stream.
@@ -17,7 +19,7 @@ class Work:
     def __init__(self, device: torch.device):
         self._device = device
         self._event = None
-        if device.type == "cuda":
+        if iris.mem.capabilities(device).streams:
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(device))
 

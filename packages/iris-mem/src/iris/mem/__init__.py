@@ -8,26 +8,32 @@ Importing this package fixes how kernels run: with the ``cpu`` backend (``IRIS_B
 or no GPU visible) it turns on Triton's interpreter, unless ``TRITON_INTERPRET`` is set.
 """
 
-from . import _env
+from . import settings
 
-_env.configure_triton()
+settings.configure_triton()
 
-from ._env import debug as debug_enabled  # noqa: E402
-from ._env import wait_budget_ns, wait_timeout  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .errors import DeviceWaitTimeout, HeapMismatchError, HeapPointerError, IrisError  # noqa: E402
 from .heap import SymmetricHeap, heap_of, init  # noqa: E402
+from .machine import Capabilities, capabilities, capturing, default_device, synchronize  # noqa: E402
+from .settings import debug as debug_enabled  # noqa: E402
+from .settings import wait_budget_ns, wait_timeout  # noqa: E402
 
 __all__ = [
+    "Capabilities",
     "DeviceWaitTimeout",
     "HeapMismatchError",
     "HeapPointerError",
     "IrisError",
     "SymmetricHeap",
     "__version__",
+    "capabilities",
+    "capturing",
     "debug_enabled",
+    "default_device",
     "heap_of",
     "init",
+    "synchronize",
     "wait_budget_ns",
     "wait_timeout",
 ]

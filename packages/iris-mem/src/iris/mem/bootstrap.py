@@ -15,15 +15,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _env
+from . import settings
 
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-DEFAULT_TIMEOUT_S = 300.0
 
 
 def host_timeout() -> datetime.timedelta:
     """Timeout of host-side rendezvous and collectives (``IRIS_HOST_TIMEOUT`` seconds)."""
-    return datetime.timedelta(seconds=_env.positive_number("IRIS_HOST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    return datetime.timedelta(seconds=settings.host_timeout())
 
 
 def ensure_initialized(backend: str) -> bool:

@@ -16,11 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _env
+from . import settings as _settings
 from .backends import Backend, create_backend
 from .bootstrap import Communicator, ensure_initialized, resolve_group
-from .errors import DeviceWaitTimeout, HeapMismatchError
+from .errors import HeapMismatchError
 from .log import get_logger
+from .machine import Capabilities, capabilities
 
 _log = get_logger(__name__)
 
@@ -33,9 +34,6 @@ CONTEXT_FLAG_DEBUG = 1
 
 #: Every open heap of this process, so a tensor can be traced back to its heap.
 _OPEN_HEAPS: weakref.WeakSet = weakref.WeakSet()
-
-_STATUS_WORDS = 4  # [error code, rank, peer, address] written by device-side waits
-_STATUS_TIMEOUT = 1
 
 
 def _parse_size(size: tuple[Any, ...]) -> tuple[int, ...]:
@@ -74,15 +72,15 @@ class SymmetricHeap:
         if isinstance(heap_size, bool) or not isinstance(heap_size, numbers.Integral) or heap_size <= 0:
             raise ValueError(f"heap_size must be a positive number of bytes, got {heap_size!r}")
         heap_size = _align(int(heap_size))
-        name = backend if backend is not None else _env.default_backend()
-        if name not in _env.BACKENDS:
-            raise ValueError(f"backend={name!r} is not a backend; use one of {', '.join(_env.BACKENDS)}")
+        name = backend if backend is not None else _settings.default_backend()
+        if name not in _settings.BACKENDS:
+            raise ValueError(f"backend={name!r} is not a backend; use one of {', '.join(_settings.BACKENDS)}")
         self._owns_process_group = ensure_initialized(name)
         self._comm = Communicator(resolve_group(group))
         self.rank: int = self._comm.rank
         self.world_size: int = self._comm.world_size
         self.heap_size: int = heap_size
-        self.debug: bool = _env.debug()
+        self.debug: bool = _settings.debug()
         settings = self._comm.all_gather_object((heap_size, name, self.debug))
         if len(set(settings)) != 1:
             table = ", ".join(
@@ -113,10 +111,14 @@ class SymmetricHeap:
             self._backend.interpreted,
             name,
         )
-        # Internal state for device-side synchronisation, allocated first on every rank.
-        self._barrier_flags = self._allocate((self.world_size,), torch.int32, check=False).zero_()
-        self._barrier_epoch = self._allocate((1,), torch.int32, check=False).zero_()
-        self._status = self._allocate((_STATUS_WORDS,), torch.int64, check=False).zero_()
+        # The device barrier's sync state, allocated first on every rank.
+        from .runtime import SyncState
+
+        self._sync = SyncState(
+            self, range(self.world_size), 1, "device_barrier",
+            "a rank did not reach the barrier: check that every rank calls device_barrier() the same "
+            "number of times",
+        )  # fmt: skip
         _OPEN_HEAPS.add(self)
         # Peers may signal this rank's flags as soon as they leave init: zero them first.
         self._backend.synchronize()
@@ -128,6 +130,11 @@ class SymmetricHeap:
     def device(self) -> torch.device:
         """Device of heap tensors (``cpu`` or ``cuda:N``)."""
         return self._backend.device
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What kernels on this heap's device can do (:class:`iris.mem.Capabilities`)."""
+        return capabilities(self.device)
 
     @property
     def backend(self) -> str:
@@ -463,28 +470,17 @@ class SymmetricHeap:
         :meth:`check_device_errors` raises (at once on the CPU backend).
         """
         self._check_open()
-        from .sync import launch_device_barrier
+        from .runtime import launch
+        from .sync import device_barrier_kernel
 
-        launch_device_barrier(self, _env.wait_budget_ns())
-        if self._backend.interpreted:
-            self.check_device_errors()
+        launch(device_barrier_kernel, 1, self._sync)
 
     def check_device_errors(self) -> None:
         """Raise the first error a device-side wait of this heap recorded, and clear it.
 
         Reads device memory: on GPUs call it after synchronising (``barrier()`` does).
         """
-        code, rank, peer, address = (int(v) for v in self._status.tolist())
-        if code == 0:
-            return
-        self._status.zero_()
-        if code == _STATUS_TIMEOUT:
-            raise DeviceWaitTimeout(
-                f"rank {rank}: device_barrier gave up waiting for rank {peer} after IRIS_WAIT_TIMEOUT="
-                f"{_env.wait_timeout():g} s (flag at address {address:#x}); rank {peer} did not reach the "
-                "barrier: check that every rank calls device_barrier() the same number of times"
-            )
-        raise DeviceWaitTimeout(f"rank {rank}: device-side wait failed with code {code} (peer {peer})")
+        self._sync.check()
 
     def broadcast(self, value: Any, src: int = 0) -> Any:
         """Broadcast a Python object or tensor from rank ``src``; returns it on every rank.

@@ -17,9 +17,10 @@ elsewhere, configure ``logging.getLogger("iris")`` like any logger, or call
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import TextIO
+
+from . import settings
 
 __all__ = ["configure", "get_logger", "rank_prefix"]
 
@@ -38,7 +39,8 @@ def rank_prefix() -> str:
             return f"[{dist.get_rank()}/{dist.get_world_size()}]"
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
-    return f"[{os.environ.get('RANK', '0')}/{os.environ.get('WORLD_SIZE', '1')}]"
+    rank, world = settings.launcher_rank()
+    return f"[{rank}/{world}]"
 
 
 class _RankFilter(logging.Filter):
@@ -51,7 +53,7 @@ class _RankFilter(logging.Filter):
 
 def env_level() -> int:
     """The level named by ``IRIS_LOG_LEVEL`` (default WARNING)."""
-    value = os.environ.get("IRIS_LOG_LEVEL", "").strip()
+    value = settings.log_level_name()
     if not value:
         return logging.WARNING
     if value.lstrip("-").isdigit():

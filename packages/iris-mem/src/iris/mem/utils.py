@@ -28,11 +28,11 @@ import time
 import triton
 import triton.language as tl
 
-from . import _env
+from . import settings as _settings
 
 __all__ = ["global_timer", "record_timeout", "sm_id", "wait_at_least"]
 
-if _env.interpreted():
+if _settings.interpreted():
 
     def _host_clock_ns() -> int:
         return time.monotonic_ns()

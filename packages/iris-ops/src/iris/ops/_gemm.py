@@ -17,16 +17,14 @@ value fails there), and ``tl.dot`` multiplies fp32 upcasts (the interpreter's bf
 wrong). Compiled code never sees those branches.
 """
 
-import os
-
 import triton
 import triton.language as tl
 
+from iris.mem import settings
+
 #: Whether kernels defined by iris.ops run in Triton's interpreter (decided at import,
 #: after ``iris.mem`` has configured Triton).
-INTERPRETED: tl.constexpr = tl.constexpr(
-    os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
-)
+INTERPRETED: tl.constexpr = tl.constexpr(settings.interpreted())
 
 
 @triton.jit

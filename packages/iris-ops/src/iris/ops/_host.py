@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 import iris.mem
 from iris.ccl import Work
+from iris.mem import runtime
 
-from . import _gemm
 from . import workspace as _workspace
 from .config import Config, select
 
@@ -83,20 +81,8 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def group_position(group) -> tuple[tuple[int, ...], int]:
     """``(global ranks of group, this process's index)``; group None is the world."""
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "iris.ops needs torch.distributed: launch with torchrun, or call "
-            "torch.distributed.init_process_group() (or iris.mem.init()) first"
-        )
-    if group is None:
-        ranks = tuple(range(dist.get_world_size()))
-    elif group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("this process is not a member of the group passed to the op")
-    elif not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
-    else:
-        ranks = tuple(dist.get_process_group_ranks(group))
-    return ranks, ranks.index(dist.get_rank())
+    ranks, index = runtime.group_index(group)
+    return tuple(ranks), index
 
 
 def divisible(op: str, what: str, value: int, size: int) -> None:
@@ -104,21 +90,10 @@ def divisible(op: str, what: str, value: int, size: int) -> None:
         raise ValueError(f"{op}: {what} ({value}) must be divisible by the group size ({size})")
 
 
-@functools.cache
-def device_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (0 on CPUs)."""
-    if device.type != "cuda":
-        return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def interpreted(device: torch.device) -> bool:
-    return bool(_gemm.INTERPRETED) or device.type != "cuda"
-
-
 def resolve(rows: int, cols: int, a: torch.Tensor, config: Config | None, wide: bool = False) -> Config:
     """The config to run, for output tiles over ``rows x cols`` (``wide``: see ``select``)."""
-    return select(rows, cols, a.dtype, device_sms(a.device), interpreted(a.device), config, wide)
+    caps = iris.mem.capabilities(a.device)
+    return select(rows, cols, a.dtype, caps.sm_count, caps.interpreted, config, wide)
 
 
 def heap_of(out: torch.Tensor, ranks: tuple[int, ...]):
@@ -143,33 +118,14 @@ def workspace_for(op: str, ranks, index, shapes, a, cfg, extra, out, in_place_ou
 
 
 def launch(kernel, grid: int, ws: _workspace.Workspace, cfg: Config, *args, **meta) -> None:
-    """Launch ``kernel`` on ``grid`` programs with the workspace's leading arguments and the
-    config's constexprs, then (CPU backend) raise a wait timeout it recorded."""
-    heap = ws.heap
-    bufs = ws.buffers
-    kernel[(grid,)](
-        heap.get_device_context(),
-        bufs["members"],
-        bufs["sync_flags"],
-        bufs["epochs"],
-        bufs["status"],
-        iris.mem.wait_budget_ns(),
-        bufs["state"],
-        *args,
-        RANK=heap.rank,
-        WORLD=heap.world_size,
-        GROUP=heap.world_size,
-        ME=heap.rank,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **meta,
-    )
-    if heap.backend == "cpu":
-        ws.check()
+    """Launch ``kernel`` on ``grid`` programs over the workspace's sync state
+    (:func:`iris.mem.runtime.launch`), its ``state`` words, ``args`` and the config's
+    constexprs."""
+    runtime.launch(
+        kernel, grid, ws.sync, ws.buffers["state"], *args, programs=max(grid, cfg.num_sms),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **meta,
+    )  # fmt: skip
 
 
 def tma_operand(t: torch.Tensor, block: tuple[int, int], use: bool):

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 
 import iris.mem
-from iris.ccl.triton import describe_sync_flag
 from iris.mem import SymmetricHeap
 from iris.mem.log import get_logger
+from iris.mem.runtime import STATUS_WORDS, SyncState
 
 from ._sync import STATE_WORDS
 from .config import MAX_PROGRAMS
@@ -33,7 +33,6 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 #: Workspaces the ops keep for calls that pass none, by signature.
 _IMPLICIT: dict[tuple, Workspace] = {}
 _ALIGN = 256
-_STATUS_WORDS = 4
 
 
 class Workspace:
@@ -52,6 +51,7 @@ class Workspace:
         self.op: str | None = None
         self.heap: SymmetricHeap | None = None
         self.buffers: dict[str, torch.Tensor] = {}
+        self.sync: SyncState | None = None
         self._signature: tuple | None = None
         self._owns_heap = False
 
@@ -66,26 +66,14 @@ class Workspace:
         if self._owns_heap and self.heap is not None:
             self.heap.close()
         self.heap, self.buffers, self._signature, self.op, self._owns_heap = None, {}, None, None, False
+        self.sync = None
         _LIVE.discard(self)
 
     def check(self) -> None:
         """Raise the wait timeout a kernel of this workspace recorded, if any (reads device
         memory: call it after synchronising on GPUs)."""
-        status = self.buffers.get("status")
-        if status is None:
-            return
-        code, rank, peer, address = (int(v) for v in status.tolist())
-        if code:
-            status.zero_()
-            flags, epochs, members = (self.buffers[k] for k in ("sync_flags", "epochs", "members"))
-            index = members.tolist().index(self.heap.rank)
-            where = describe_sync_flag(address, flags, epochs, members.numel(), index)
-            raise iris.mem.DeviceWaitTimeout(
-                f"rank {rank}: iris.ops.{self.op} gave up waiting for rank {peer} ({where}) "
-                f"after IRIS_WAIT_TIMEOUT={iris.mem.wait_timeout():g} s; every rank of the "
-                "group must call the same op with the same shapes. The workspace is no longer consistent: "
-                "close it and use a new one"
-            )
+        if self.sync is not None:
+            self.sync.check()
 
     def __repr__(self) -> str:
         if not self.prepared:
@@ -132,26 +120,29 @@ def acquire(
 
 
 def _prepare(workspace, signature, heap, group, group_size, device, specs) -> None:
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if iris.mem.capturing(device):
         raise RuntimeError(
             f"iris.ops.{signature[0]}: the first call with a workspace prepares it (collectively, with "
             "allocations and a host barrier), which a CUDA graph cannot capture; call the op once with the "
             "same shapes before capturing"
         )
-    sync_specs = [
-        ("members", group_size, torch.int32),
-        ("sync_flags", MAX_PROGRAMS * group_size, torch.int32),
-        ("epochs", MAX_PROGRAMS, torch.int32),
-        ("status", _STATUS_WORDS, torch.int64),
-        ("state", STATE_WORDS, torch.int32),
-    ]
-    every = sync_specs + list(specs)
+    op = signature[0]
+    every = [("state", STATE_WORDS, torch.int32)] + list(specs)
     owns = heap is None
     if owns:
-        nbytes = sum(-(-max(n, 1) * dt.itemsize // _ALIGN) * _ALIGN for _, n, dt in every) + (64 << 10)
-        heap = iris.mem.init(nbytes, backend="cuda" if device.type == "cuda" else "cpu", group=group)
+        members, flags = (group_size, torch.int32), (MAX_PROGRAMS * group_size, torch.int32)
+        sizes = [(n, dt) for _, n, dt in every] + [members, flags, (MAX_PROGRAMS, torch.int32)]
+        sizes.append((STATUS_WORDS, torch.int64))
+        nbytes = sum(-(-max(n, 1) * dt.itemsize // _ALIGN) * _ALIGN for n, dt in sizes) + (64 << 10)
+        heap = iris.mem.init(nbytes, backend=iris.mem.capabilities(device).backend, group=group)
     buffers: dict[str, torch.Tensor] = {}
     try:
+        # Members are the group's heap ranks: the heap spans exactly the group, in group order.
+        sync = SyncState(
+            heap, range(group_size), MAX_PROGRAMS, f"iris.ops.{op}",
+            "every rank of the group must call the same op with the same shapes. The workspace is no "
+            "longer consistent: close it and use a new one",
+        )  # fmt: skip
         for name, numel, dtype in every:  # at least one element each, so every pointer is valid
             make = heap.zeros if dtype in (torch.int32, torch.int64) else heap.empty
             buffers[name] = make(max(numel, 1), dtype=dtype)[:numel]
@@ -162,10 +153,8 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
             f"{e}. iris.ops keeps its workspace on the heap of the output tensor when the output is on a "
             "symmetric heap; make that heap larger, or pass an output that is not on a heap"
         ) from None
-    # Members are the group's heap ranks: the heap spans exactly the group, in group order.
-    buffers["members"].copy_(torch.arange(group_size, dtype=torch.int32))
     heap.barrier()  # every rank's flags are zero before any peer can signal them
-    workspace.op, workspace.heap, workspace.buffers = signature[0], heap, buffers
+    workspace.op, workspace.heap, workspace.buffers, workspace.sync = op, heap, buffers, sync
     workspace._signature, workspace._owns_heap = signature, owns
     _log.debug(
         "workspace for %s prepared: %d buffers, %d bytes, on %s heap",
@@ -188,11 +177,10 @@ def release_workspaces() -> None:
 def check_errors() -> None:
     """Raise the first wait timeout any fused op of this process recorded.
 
-    On the CPU backend ops raise by themselves; on GPUs kernels only record the timeout, so
-    call this after a synchronisation point (it synchronises the devices itself).
+    Where kernels are interpreted ops raise by themselves; on GPUs kernels only record the
+    timeout, so call this after a synchronisation point (it synchronises the devices itself).
     """
     for workspace in list(_LIVE):
         if workspace.prepared:
-            if workspace.heap.device.type == "cuda":
-                torch.cuda.synchronize(workspace.heap.device)
+            iris.mem.synchronize(workspace.heap.device)
             workspace.check()

@@ -3,7 +3,7 @@ the tile collectives the host collectives are built from (callable from user ker
 
 from . import tiles
 from .group import Group
-from .sync import combine, describe_sync_flag, group_sync, record_timeout
+from .sync import combine, group_sync, record_timeout
 from .tiles import (
     all_gather_pull,
     all_gather_push,
@@ -38,7 +38,6 @@ __all__ = [
     "all_to_all_push",
     "broadcast_pull",
     "combine",
-    "describe_sync_flag",
     "gather_pull",
     "group_sync",
     "record_timeout",

@@ -15,8 +15,8 @@ import secrets
 import numpy as np
 import torch
 
-from .._env import interpreted
 from ..bootstrap import Communicator
+from ..settings import interpreted
 from . import Backend
 
 try:  # CPython's own binding of shm_open/shm_unlink (what multiprocessing uses).

@@ -19,6 +19,7 @@ import socket
 
 import torch
 
+from .. import settings
 from ..bootstrap import Communicator
 from ..log import get_logger
 from . import Backend
@@ -157,7 +158,7 @@ class CudaBackend(Backend):
         if not torch.cuda.is_available():
             raise RuntimeError("the cuda backend needs a CUDA GPU, and torch sees none; use backend='cpu'")
         count = torch.cuda.device_count()
-        local_rank = os.environ.get("LOCAL_RANK")
+        local_rank = settings.local_rank()
         index = int(local_rank) % count if local_rank is not None else comm.global_rank(comm.rank) % count
         torch.cuda.set_device(index)
         self._device = torch.device("cuda", index)

@@ -3,6 +3,7 @@ and the functional RMA forms."""
 
 from ._compat import aggregate
 from .context import HEAP_BASES_OFFSET, Context
+from .group import Group
 from .ops import (
     atomic_add,
     atomic_and,
@@ -25,6 +26,7 @@ from .tracing import Tracing
 __all__ = [
     "HEAP_BASES_OFFSET",
     "Context",
+    "Group",
     "Tracing",
     "aggregate",
     "atomic_add",

@@ -29,14 +29,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import _env
+from .. import settings as _settings
 from ..errors import HeapPointerError
 
-_DEBUG: tl.constexpr = tl.constexpr(_env.debug())
+_DEBUG: tl.constexpr = tl.constexpr(_settings.debug())
 #: Word of the context tensor, counted back from ``heap_bases``, holding the heap size.
 _HEAP_SIZE_WORD: tl.constexpr = tl.constexpr(-2)
 
-if _env.interpreted():
+if _settings.interpreted():
 
     def _out_of_heap(from_rank, to_rank, offset, heap_size):
         """Interpreter: raise a Python exception naming rank, peer and offset."""

@@ -1,4 +1,10 @@
-"""Environment settings read once, before any kernel is defined.
+"""Settings read from the environment: the one place every Iris package reads them.
+
+Each setting is validated when it is read, with an error naming the variable and what it
+accepts. Upper layers (iris.ccl, iris.ops) read their own variables through the typed
+readers here (:func:`flag`, :func:`positive_number`, :func:`path`).
+
+Some settings must be read before any kernel is defined:
 
 Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or
 interpreted, so the choice of the CPU backend has to reach Triton before user kernels
@@ -19,6 +25,10 @@ Variables
     hanging (default 300, like ``IRIS_HOST_TIMEOUT``). Measured on the device's own clock
     (``%globaltimer`` on GPUs, the host's monotonic clock in the interpreter), so a peer
     that is late by a JIT compile or a checkpoint is waited for, whatever a poll costs.
+``IRIS_HOST_TIMEOUT``
+    Seconds a host-side collective of the bootstrap waits (default 300).
+``IRIS_LOG_LEVEL``
+    Level of the ``iris`` logger (a :mod:`logging` level name or number; default WARNING).
 """
 
 from __future__ import annotations
@@ -28,6 +38,27 @@ import os
 BACKENDS = ("cpu", "cuda")
 DEFAULT_WAIT_TIMEOUT = 300.0
 _TRUE = {"1", "true", "yes", "on"}
+
+
+_FALSE = {"0", "false", "no", "off"}
+
+
+def flag(name: str, default: bool = False) -> bool:
+    """The boolean in the environment variable ``name`` (1/true/yes/on or 0/false/no/off,
+    any case; ``default`` when unset or blank); a ValueError naming the variable otherwise."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r} is not a boolean; use 1 or 0 (true/false, yes/no, on/off)")
+
+
+def text(name: str) -> str | None:
+    """The stripped value of the environment variable ``name``, or None when unset or blank."""
+    return os.environ.get(name, "").strip() or None
 
 
 def _flag(name: str) -> bool:
@@ -68,9 +99,10 @@ def debug() -> bool:
     return _flag("IRIS_DEBUG")
 
 
-def positive_number(name: str, default, convert=float, unit: str = "seconds"):
+def positive_number(name: str, default, convert=float, unit: str = "seconds", minimum=None):
     """The positive, finite number in the environment variable ``name`` read by ``convert``
-    (``default`` when it is unset or blank); a ValueError naming the variable otherwise."""
+    (``default`` when it is unset or blank), at least ``minimum`` when given; a ValueError
+    naming the variable otherwise."""
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -80,7 +112,31 @@ def positive_number(name: str, default, convert=float, unit: str = "seconds"):
         raise ValueError(f"{name}={value!r} is not a number of {unit}") from None
     if not 0 < number < float("inf"):  # also rejects nan
         raise ValueError(f"{name} must be a positive number of {unit}, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be at least {minimum} {unit}, got {value!r}")
     return number
+
+
+def host_timeout() -> float:
+    """Seconds a host-side collective waits (``IRIS_HOST_TIMEOUT``, default 300)."""
+    return positive_number("IRIS_HOST_TIMEOUT", DEFAULT_WAIT_TIMEOUT)
+
+
+def log_level_name() -> str | None:
+    """The raw ``IRIS_LOG_LEVEL`` (validated by :func:`iris.mem.log.env_level`), or None."""
+    return text("IRIS_LOG_LEVEL")
+
+
+def launcher_rank() -> tuple[str, str]:
+    """``(RANK, WORLD_SIZE)`` as the launcher set them (``"0"``, ``"1"`` without one), for
+    log prefixes before torch.distributed is up."""
+    return os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+
+
+def local_rank() -> int | None:
+    """This process's index on its node as the launcher set it (``LOCAL_RANK``), or None."""
+    value = text("LOCAL_RANK")
+    return None if value is None else int(value)
 
 
 def wait_timeout() -> float:

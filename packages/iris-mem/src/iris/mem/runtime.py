@@ -1,0 +1,177 @@
+"""The runtime of kernels whose programs wait for their twins on other ranks.
+
+Every such kernel (the heap's device barrier, every collective of iris.ccl, every fused op
+of iris.ops) runs over a :class:`SyncState` on a symmetric heap: the member table of its
+group, one sync slot per program (a flag per member and a generation counter, see
+:func:`iris.mem.triton.sync.group_sync`) and the status words in which a wait that gave up
+records what it waited for. :func:`launch` starts such a kernel with the state's leading
+arguments and constexprs, never with more programs than the device keeps resident, and on
+machines where kernels finish before their launch returns, raises what they recorded.
+
+The leading arguments of every such kernel, in order: the heap's context tensor, the member
+table (int32 heap ranks), the flags, the generations, the status words and the wait budget
+in ns; its leading constexprs: ``RANK``, ``WORLD`` (the heap's), ``GROUP``, ``ME`` (the
+group's size and this rank's index in it). ``iris.mem.triton.Group.initialize`` takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from . import settings
+from .errors import DeviceWaitTimeout
+from .machine import Capabilities
+
+if TYPE_CHECKING:
+    from .heap import SymmetricHeap
+
+#: int64 status words a waiting kernel writes: ``[code, rank, peer, flag address]``.
+STATUS_WORDS = 4
+#: ``code`` of a wait that gave up (``iris.mem.utils.record_timeout`` writes it).
+STATUS_TIMEOUT = 1
+#: Sync slots (programs per launch) a state may have at most.
+MAX_SLOTS = 8192
+
+
+def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
+    """Global ranks of ``group`` (None: the world), in group-rank order; a clear error when
+    torch.distributed is not initialised, this process is not a member, or ``group`` is not
+    a process group."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "Iris collectives and fused ops need torch.distributed: launch with torchrun, or call "
+            "torch.distributed.init_process_group() (or iris.mem.init()) first"
+        )
+    if group is None:
+        return list(range(dist.get_world_size()))
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this process is not a member of the group passed to the call")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
+    return list(dist.get_process_group_ranks(group))
+
+
+def group_index(group: dist.ProcessGroup | None) -> tuple[list[int], int]:
+    """``(global ranks of group, this process's index among them)``."""
+    ranks = group_ranks(group)
+    return ranks, ranks.index(dist.get_rank())
+
+
+class SyncState:
+    """Sync slots and status words of one group of ranks on one heap.
+
+    :param heap: the heap holding the state (every member's, at the same offsets).
+    :param members: the members' ranks on ``heap`` (heap ranks, in group order; this rank
+        among them).
+    :param slots: sync slots, one per program of the largest launch.
+    :param what: names the kernels in error messages ("a collective", "iris.ops.x", ...).
+    :param advice: the sentence that ends a wait-timeout message.
+
+    Allocation is collective: every member makes the same states in the same order.
+    """
+
+    def __init__(self, heap: SymmetricHeap, members: Sequence[int], slots: int, what: str, advice: str):
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be in [1, {MAX_SLOTS}], got {slots}")
+        self.heap = heap
+        self.members = list(members)
+        self.size = len(self.members)
+        self.index = self.members.index(heap.rank)
+        self.slots = slots
+        self.what, self.advice = what, advice
+        # Not the caller's allocations: left out of the debug check of allocation sequences.
+        self.member_table = heap._allocate((self.size,), torch.int32, check=False)
+        self.member_table.copy_(torch.tensor(self.members, dtype=torch.int32))
+        self.flags = heap._allocate((slots * self.size,), torch.int32, check=False).zero_()
+        self.epochs = heap._allocate((slots,), torch.int32, check=False).zero_()
+        self.status = heap._allocate((STATUS_WORDS,), torch.int64, check=False).zero_()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.heap.capabilities
+
+    def kernel_args(self) -> tuple:
+        """The leading arguments of a kernel over this state (see the module docstring)."""
+        return (
+            self.heap.get_device_context(),
+            self.member_table,
+            self.flags,
+            self.epochs,
+            self.status,
+            settings.wait_budget_ns(),
+        )
+
+    def kernel_meta(self) -> dict:
+        """The leading constexprs of a kernel over this state."""
+        return {"RANK": self.heap.rank, "WORLD": self.heap.world_size, "GROUP": self.size, "ME": self.index}
+
+    def describe(self, address: int) -> str:
+        """``"flag at 0x..."``, and when the address is one of the sync flags its slot, this
+        rank's generation of it and what every member has published there (its own entry is
+        its own generation: a member publishes only to its peers). A member below the
+        generation has not reached that barrier; all at it means the ranks are in step and
+        the peer came later than the timeout. Reads device memory: synchronise first."""
+        where = f"flag at {address:#x}"
+        offset = address - self.flags.data_ptr()
+        if not 0 <= offset < self.flags.numel() * self.flags.element_size():
+            return where
+        slot = offset // self.flags.element_size() // self.size
+        published = self.flags[slot * self.size : (slot + 1) * self.size].tolist()
+        generation = int(self.epochs[slot])
+        published[self.index] = generation
+        return f"{where}: sync slot {slot}, generation {generation} here, members published {published}"
+
+    def check(self) -> None:
+        """Raise the first wait timeout a kernel over this state recorded, as
+        :class:`~iris.mem.DeviceWaitTimeout`, and clear it. Reads device memory: on machines
+        where kernels run asynchronously, call it after synchronising."""
+        code, rank, peer, address = (int(v) for v in self.status.tolist())
+        if code == 0:
+            return
+        self.status.zero_()
+        if code != STATUS_TIMEOUT:
+            raise DeviceWaitTimeout(f"rank {rank}: {self.what}: device-side wait failed with code {code}")
+        raise DeviceWaitTimeout(
+            f"rank {rank}: {self.what} gave up waiting for rank {peer} ({self.describe(address)}) after "
+            f"IRIS_WAIT_TIMEOUT={settings.wait_timeout():g} s; {self.advice}"
+        )
+
+
+def launch(kernel, grid: int, state: SyncState, *args, programs: int | None = None, **meta) -> None:
+    """Launch ``kernel`` on ``grid`` programs with ``state``'s leading arguments and
+    constexprs, then ``args`` and ``meta``.
+
+    The programs of such a kernel wait for their twins on the peers, so ``grid`` may not
+    exceed the resident programs of the device (``programs`` when the caller chose fewer):
+    a waiting program could otherwise hold the SM its peer's twin needs. A kernel with a
+    ``PDL`` constexpr that the caller leaves unset gets programmatic dependent launch where
+    the device has it. Where kernels finish before the launch returns (the interpreter), a
+    wait timeout they recorded is raised at once.
+    """
+    caps = state.capabilities
+    limit = min(state.slots, programs or caps.resident_programs)
+    if not 1 <= grid <= limit:
+        name = getattr(kernel, "__name__", kernel)
+        raise RuntimeError(f"internal: {grid} programs of {name} exceed the {limit} that may wait on peers")
+    if "PDL" in getattr(kernel, "arg_names", ()) and "PDL" not in meta:
+        meta = {**meta, "PDL": caps.pdl, "launch_pdl": caps.pdl}
+    elif meta.get("PDL"):
+        meta = {**meta, "launch_pdl": True}
+    kernel[(grid,)](*state.kernel_args(), *args, **state.kernel_meta(), **meta)
+    if caps.interpreted:
+        state.check()
+
+
+__all__ = [
+    "MAX_SLOTS",
+    "STATUS_TIMEOUT",
+    "STATUS_WORDS",
+    "SyncState",
+    "group_index",
+    "group_ranks",
+    "launch",
+]

@@ -1,0 +1,68 @@
+"""``Group``: the device-side view of a :class:`iris.mem.runtime.SyncState`: the ranks a
+kernel synchronises with and their per-program sync slots."""
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import constexpr_function
+
+from ._compat import aggregate
+from .sync import group_sync
+
+
+@aggregate
+class Group:
+    """Members of a group of ranks (a collective's, a fused op's) and their per-program sync slots.
+
+    Fields: ``members`` (pointer to the members' heap ranks, int32), ``flags`` and
+    ``epochs`` (sync state on the heap, see :func:`group_sync`), ``status`` (int64[4]
+    timeout record), ``budget`` (ns per wait, ``IRIS_WAIT_TIMEOUT``), ``size`` and ``index`` (this rank's
+    position in ``members``), both constexpr.
+    """
+
+    members: tl.tensor
+    flags: tl.tensor
+    epochs: tl.tensor
+    status: tl.tensor
+    budget: tl.tensor
+    size: tl.constexpr
+    index: tl.constexpr
+
+    @constexpr_function
+    def __init__(self, members, flags, epochs, status, budget, size, index):
+        self.members = members
+        self.flags = flags
+        self.epochs = epochs
+        self.status = status
+        self.budget = budget
+        self.size = tl.constexpr(size)
+        self.index = tl.constexpr(index)
+
+    @staticmethod
+    @triton.jit
+    def initialize(members, flags, epochs, status, budget, size: tl.constexpr, index: tl.constexpr):
+        """Build the group from a collective kernel's leading arguments."""
+        return Group(members, flags, epochs, status, budget, size, index)
+
+    @triton.jit
+    def rank(self, i):
+        """Heap rank of member ``i`` (0 <= i < size)."""
+        return tl.load(self.members + i)
+
+    @triton.jit
+    def sync(self, ctx, slot, fence: tl.constexpr = False):
+        """Barrier of sync slot ``slot`` (usually the program id) across the members: every
+        thread's earlier loads and stores (remote ones included) come before the peers pass
+        it. ``fence=True`` also fences every thread at system scope first (not needed for
+        that; see :func:`group_sync`)."""
+        group_sync(
+            ctx,
+            self.members,
+            self.flags,
+            self.epochs,
+            self.status,
+            self.budget,
+            slot,
+            self.size,
+            self.index,
+            fence,
+        )
