@@ -292,8 +292,9 @@ class SymmetricHeap:
             )
         if tensor.device != self.device:
             raise ValueError(
-                f"{name} is on {tensor.device}, but this symmetric heap lives on {self.device}; allocate it "
-                "with the heap's factories (heap.zeros, heap.empty, ...) or copy it with heap.as_symmetric()"
+                f"{name} is on {tensor.device}, not on this symmetric heap (which lives on {self.device}); "
+                "allocate it with the heap's factories (heap.zeros, heap.empty, ...) or copy it with "
+                "heap.as_symmetric()"
             )
         if not self.is_symmetric(tensor):
             raise ValueError(

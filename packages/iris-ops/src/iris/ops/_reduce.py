@@ -39,74 +39,362 @@ final tiles have arrived). ``matmul_reduce_scatter`` writes no peer's output, on
 workspaces, and needs less: before its first push, a program waits until the same program
 of every peer has left the previous call (``exits`` flags each program raises on its peers
 as it finishes). That flag is normally set long before, so a call starts without a round
-trip to the peers or waiting out their start (about 3 us a call).
+trip to the peers or waiting out their start.
 """
-
-from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import constexpr_function
 
 from iris.ccl.triton import Group
-from iris.mem.triton import Context
+from iris.mem.triton import Context, aggregate
 
 from . import _host
 from ._gemm import add_bias, copy_tile, grouped_tile, matmul_tile, tile_offsets
 from ._sync import call_generation, finish_call, raise_exits, remote_tile, signal, wait, wait_exits
 from .config import Config
 
+#: Type of an aggregate field that holds a run-time value or, where a launch specialises it,
+#: a constexpr (a size or stride equal to 1) or a tensor descriptor in place of a pointer.
+_Value = tl.core.base_value
+
+
+def _fields(cls):
+    """Class decorator (under ``aggregate``): a constructor taking the fields in the order the
+    class declares them. Triton hands it constexprs unwrapped; those are stored as
+    ``tl.constexpr`` again, everything else as given."""
+    names = tuple(cls.__annotations__)
+
+    def init(self, *values):
+        for name, value in zip(names, values, strict=True):
+            setattr(self, name, value if isinstance(value, _Value) else tl.constexpr(value))
+
+    cls.__init__ = constexpr_function(init)
+    return cls
+
+
+@aggregate
+@_fields
+class _Tile:
+    """One output tile: ``j``, the chunk it lies in, and ``local``, its index in the chunk;
+    the chunk's first row and column (``row_base``, ``col_base``) and valid extent
+    (``rows x cols``); the tile's first row and column inside the chunk (``row0``, ``col0``);
+    its elements in the output, ``origin + offs`` under ``mask``."""
+
+    j: tl.tensor
+    local: tl.tensor
+    row_base: tl.tensor
+    col_base: tl.tensor
+    rows: tl.tensor
+    cols: tl.tensor
+    row0: tl.tensor
+    col0: tl.tensor
+    origin: tl.tensor
+    offs: tl.tensor
+    mask: tl.tensor
+
+
+@aggregate
+@_fields
+class _Tiles:
+    """The output's chunks and tiles, and the ones the calling program visits.
+
+    Chunk ``j`` of the ``M x N`` output is cut into ``tiles_m x tiles_n`` tiles
+    (``chunk_tiles``, grouped order of ``GROUP_M``); a workspace slot holds one chunk,
+    ``slot_elems`` elements. The output is addressed with ``stride_om``, ``stride_on`` and
+    ``out_chunk_step``. Program ``pid`` of ``programs`` handles tiles ``pid + k * programs``
+    of the chunk-major list (its tiles ``k < count``); ``SPREAD``: in the "spread" order,
+    odd programs walking them backwards."""
+
+    M: _Value
+    N: _Value
+    CM: _Value
+    CN: _Value
+    stride_om: _Value
+    stride_on: _Value
+    out_chunk_step: _Value
+    tiles_m: _Value
+    tiles_n: _Value
+    chunk_tiles: _Value
+    slot_elems: _Value
+    pid: tl.tensor
+    programs: tl.tensor
+    count: tl.tensor
+    BLOCK_M: tl.constexpr
+    BLOCK_N: tl.constexpr
+    GROUP_M: tl.constexpr
+    SPLIT_N: tl.constexpr
+    SPREAD: tl.constexpr
+
+    @staticmethod
+    @triton.jit
+    def initialize(
+        M, N, CM, CN, stride_om, stride_on, out_chunk_step, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr, SPREAD: tl.constexpr,
+    ):  # fmt: skip
+        """The tiles of the calling program, for a group of ``GROUP`` members."""
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        tiles_m = tl.cdiv(CM, BLOCK_M)
+        tiles_n = tl.cdiv(CN, BLOCK_N)
+        chunk_tiles = tiles_m * tiles_n
+        count = tl.cdiv(GROUP * chunk_tiles - pid, programs)
+        return _Tiles(
+            M, N, CM, CN, stride_om, stride_on, out_chunk_step, tiles_m, tiles_n, chunk_tiles,
+            tl.cast(CM, tl.int64) * CN, pid, programs, count, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N, SPREAD,
+        )  # fmt: skip
+
+    @triton.jit
+    def tile(self, k):
+        """This program's tile ``k``: tile ``pid + k * programs`` of the chunk-major list."""
+        t = self.pid + k * self.programs
+        j = t // self.chunk_tiles
+        local = t - j * self.chunk_tiles
+        pid_m, pid_n = grouped_tile(local, self.tiles_m, self.tiles_n, self.GROUP_M)
+        if self.SPLIT_N:
+            row_base = j * 0
+            col_base = j * self.CN
+        else:
+            row_base = j * self.CM
+            col_base = j * 0
+        rows = tl.minimum(self.CM, self.M - row_base)
+        cols = tl.minimum(self.CN, self.N - col_base)
+        row0 = pid_m * self.BLOCK_M
+        col0 = pid_n * self.BLOCK_N
+        origin, offs, mask = tile_offsets(
+            row0, rows, col0, cols, self.stride_om, self.stride_on, self.BLOCK_M, self.BLOCK_N
+        )
+        origin += tl.cast(j, tl.int64) * self.out_chunk_step
+        return _Tile(j, local, row_base, col_base, rows, cols, row0, col0, origin, offs, mask)
+
+
+@aggregate
+@_fields
+class _Copy:
+    """A tile copy left for the program's next GEMM to stream (``STREAM``): the valid
+    ``rows x cols`` of the ``BLOCK_M x BLOCK_N`` tile at ``src`` (row stride ``src_ld``) go to
+    ``dst`` (row stride ``ld``). ``rows`` 0: no copy is pending."""
+
+    src: tl.tensor
+    src_ld: tl.tensor
+    dst: tl.tensor
+    ld: tl.tensor
+    rows: tl.tensor
+    cols: tl.tensor
+
+
+@aggregate
+@_fields
+class _Gemm:
+    """The GEMM of one output tile: operands ``a`` and ``b`` (read through the tensor
+    descriptors ``a_desc`` / ``b_desc`` with ``TMA_A`` / ``TMA_B``), the K extent and the
+    strides, the block sizes and ``EVEN_K``; with ``STREAM`` a pending :class:`_Copy` moves
+    ``STREAM_ROWS`` rows per K step (16-byte vectors with ``STREAM_ALIGNED``)."""
+
+    a: tl.tensor
+    b: tl.tensor
+    a_desc: _Value
+    b_desc: _Value
+    K: _Value
+    stride_am: _Value
+    stride_ak: _Value
+    stride_bk: _Value
+    stride_bn: _Value
+    BLOCK_M: tl.constexpr
+    BLOCK_N: tl.constexpr
+    BLOCK_K: tl.constexpr
+    EVEN_K: tl.constexpr
+    TMA_A: tl.constexpr
+    TMA_B: tl.constexpr
+    STREAM: tl.constexpr
+    STREAM_ROWS: tl.constexpr
+    STREAM_ALIGNED: tl.constexpr
+
+    @triton.jit
+    def product(self, tile, job):
+        """The fp32 product ``a @ b`` over ``tile``; the copy ``job`` runs under its K loop."""
+        acc = tl.zeros((self.BLOCK_M, self.BLOCK_N), dtype=tl.float32)
+        a = self.a + tl.cast(tile.row_base, tl.int64) * self.stride_am
+        b = self.b + tl.cast(tile.col_base, tl.int64) * self.stride_bn
+        return matmul_tile(
+            acc, a, b, tile.row0, tile.rows, tile.col0, tile.cols, self.K,
+            self.stride_am, self.stride_ak, self.stride_bk, self.stride_bn,
+            self.BLOCK_M, self.BLOCK_N, self.BLOCK_K, self.EVEN_K,
+            self.a_desc, tile.row_base + tile.row0, self.b_desc, 0, tile.col_base + tile.col0,
+            self.TMA_A, self.TMA_B, job.src, job.src_ld, job.dst, job.ld, job.rows, job.cols,
+            self.STREAM, self.STREAM_ROWS, self.STREAM_ALIGNED,
+        )  # fmt: skip
+
+
+@aggregate
+@_fields
+class _Exchange:
+    """What this rank exchanges with the group's members during the call: ``ctx``, ``group``
+    and the call's generation ``gen``; the kernel's ``ready`` and ``exits`` flags, workspace
+    ``ws``, output ``out`` and ``bias`` (``HAS_BIAS``); ``staged``, this program's staging
+    tile (``STREAM``). ``ALL_REDUCE``, ``ALIGNED``, ``WS_ALIGNED``, ``STREAM`` and
+    ``STREAM_OUT`` as the kernel's arguments of those names."""
+
+    ctx: Context
+    group: Group
+    gen: tl.tensor
+    ready: tl.tensor
+    exits: tl.tensor
+    ws: tl.tensor
+    out: tl.tensor
+    bias: tl.tensor
+    staged: tl.tensor
+    HAS_BIAS: tl.constexpr
+    ALL_REDUCE: tl.constexpr
+    ALIGNED: tl.constexpr
+    WS_ALIGNED: tl.constexpr
+    STREAM: tl.constexpr
+    STREAM_OUT: tl.constexpr
+
+
+@aggregate
+@_fields
+class _Carry:
+    """What a program carries from one tile to the next: ``job``, the :class:`_Copy` its next
+    GEMM streams; ``flag`` (-1: none), the ``ready`` flag of the partial pushed last, to raise
+    on rank ``owner`` once that GEMM is done; ``held`` (``SPREAD``, -1: none), ``k`` of the own
+    tile (:meth:`_Tiles.tile`) parked in the output to be reduced; ``cleared``
+    (reduce-scatter): the peers have left the previous call, partials may be pushed."""
+
+    job: _Copy
+    flag: tl.tensor
+    owner: tl.tensor
+    held: tl.tensor
+    cleared: tl.tensor
+
 
 @triton.jit
-def _chunk_tile(
-    t, chunk_tiles, tiles_m, tiles_n, M, N, CM, CN, stride_om, stride_on, out_chunk_step,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr,
-):  # fmt: skip
-    """Where tile ``t`` of the chunk-major list lies: ``(chunk, index in the chunk, first row
-    and column of the chunk, its valid rows and columns, the tile's first row and column
-    inside the chunk, its output origin, offsets and mask)``."""
-    j = t // chunk_tiles
-    local = t - j * chunk_tiles
-    pid_m, pid_n = grouped_tile(local, tiles_m, tiles_n, GROUP_M)
-    if SPLIT_N:
-        row_base = j * 0
-        col_base = j * CN
+def _raise_pending(ex, flag, owner):
+    """Raise flag ``flag`` of ``ready`` on rank ``owner`` to the call's generation, when one is
+    pending (``flag`` >= 0): the partial it covers has been stored there completely (the
+    GEMM that streamed it is over). Returns -1, no flag pending."""
+    if flag >= 0:
+        signal(ex.ctx, ex.ready + flag, ex.gen, owner)
+    return flag * 0 - 1
+
+
+@triton.jit
+def _push_partial(ex, tiles, tile, acc, job, cleared):
+    """Send ``acc``, the partial of a tile of another member's chunk, to that member's
+    workspace (the slot of this rank): with ``STREAM`` it is staged in this program's
+    staging tile and becomes the copy ``job`` of the next GEMM, so it leaves at the pace of
+    the tensor cores; without, it is stored at once. Reduce-scatter: first, once per call,
+    waits until the peers have left the previous call (``cleared``). Returns ``(job, flag,
+    owner, cleared)``, the flag to raise on ``owner`` after the next GEMM."""
+    group = ex.group
+    if not ex.ALL_REDUCE:
+        if cleared == 0:
+            wait_exits(ex.ctx, group, ex.exits, ex.gen, tiles.pid, tiles.programs, group.size, group.index)
+            cleared = tiles.pid >= 0
+    owner = group.rank(tile.j)
+    slot = (group.index - tile.j - 1 + group.size) % group.size
+    origin, offs, mask = tile_offsets(
+        tile.row0, tile.rows, tile.col0, tile.cols, tiles.CN, 1, tiles.BLOCK_M, tiles.BLOCK_N
+    )
+    partial = acc.to(ex.ws.dtype.element_ty)
+    if ex.STREAM:
+        s_offs = tl.arange(0, tiles.BLOCK_M)[:, None] * tiles.BLOCK_N + tl.arange(0, tiles.BLOCK_N)[None, :]
+        tl.store(ex.staged + s_offs, partial)
+        tl.debug_barrier()  # read back by other threads of the program
+        dst = ex.ctx.translate(ex.ws, owner) + slot * tiles.slot_elems + origin
+        zero = slot * 0
+        rows, cols = tile.rows - tile.row0, tile.cols - tile.col0
+        job = _Copy(ex.staged, zero + tiles.BLOCK_N, dst, zero + tiles.CN, rows, cols)
     else:
-        row_base = j * CM
-        col_base = j * 0
-    rows = tl.minimum(CM, M - row_base)
-    cols = tl.minimum(CN, N - col_base)
-    row0 = pid_m * BLOCK_M
-    col0 = pid_n * BLOCK_N
-    o_origin, o_offs, o_mask = tile_offsets(row0, rows, col0, cols, stride_om, stride_on, BLOCK_M, BLOCK_N)
-    o_origin += tl.cast(j, tl.int64) * out_chunk_step
-    return j, local, row_base, col_base, rows, cols, row0, col0, o_origin, o_offs, o_mask
+        dst = remote_tile(ex.ctx, ex.ws, owner, slot * tiles.slot_elems + origin, offs, ex.WS_ALIGNED)
+        tl.store(dst, partial, mask=mask)
+    return job, slot * tiles.chunk_tiles + tile.local, owner, cleared
 
 
 @triton.jit
-def _reduce_own(
-    ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
-    col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
-    GROUP: tl.constexpr, ME: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr, ALIGNED: tl.constexpr, PUSH: tl.constexpr = True,
-):  # fmt: skip
-    """Add the peers' partials of own tile ``local`` to ``acc`` as their flags show ``gen``,
-    add the bias, store the tile into the output (``ALL_REDUCE``: into every member's, or
-    with ``PUSH`` False only this rank's: the caller streams it to the peer)."""
-    origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
-    for s in tl.static_range(GROUP - 1):
-        sender = group.rank((ME + 1 + s) % GROUP)
-        wait(ctx, group, ready + s * chunk_tiles + local, gen, sender)
-        part = tl.load(ws + s * slot_elems + origin + offs, mask=mask, other=0.0, cache_modifier=".cg")
+def _reduce_own(ex, tiles, tile, acc, PUSH: tl.constexpr):
+    """Add the peers' partials of own tile ``tile`` to ``acc`` as their flags show the call's
+    generation, add the bias, store the tile into the output (``ALL_REDUCE``: into every
+    member's, or with ``PUSH`` False only this rank's: the caller streams it to the peer)."""
+    group = ex.group
+    origin, offs, mask = tile_offsets(
+        tile.row0, tile.rows, tile.col0, tile.cols, tiles.CN, 1, tiles.BLOCK_M, tiles.BLOCK_N
+    )
+    for s in tl.static_range(group.size - 1):
+        sender = group.rank((group.index + 1 + s) % group.size)
+        wait(ex.ctx, group, ex.ready + s * tiles.chunk_tiles + tile.local, ex.gen, sender)
+        src = ex.ws + s * tiles.slot_elems + origin
+        part = tl.load(src + offs, mask=mask, other=0.0, cache_modifier=".cg")
         acc += part.to(tl.float32)
-    acc = add_bias(acc, bias + col_base, col0, cols, HAS_BIAS, BLOCK_N)
-    result = acc.to(out.dtype.element_ty)
-    tl.store(out + o_origin + o_offs, result, mask=o_mask)
-    if ALL_REDUCE:
+    acc = add_bias(acc, ex.bias + tile.col_base, tile.col0, tile.cols, ex.HAS_BIAS, tiles.BLOCK_N)
+    result = acc.to(ex.out.dtype.element_ty)
+    tl.store(ex.out + tile.origin + tile.offs, result, mask=tile.mask)
+    if ex.ALL_REDUCE:
         if PUSH:
-            for i in tl.static_range(1, GROUP):
-                peer = group.rank((ME + i) % GROUP)
-                tl.store(remote_tile(ctx, out, peer, o_origin, o_offs, ALIGNED), result, mask=o_mask)
+            for i in tl.static_range(1, group.size):
+                peer = group.rank((group.index + i) % group.size)
+                dst = remote_tile(ex.ctx, ex.out, peer, tile.origin, tile.offs, ex.ALIGNED)
+                tl.store(dst, result, mask=tile.mask)
+
+
+@triton.jit
+def _reduce_parked(ex, tiles, k):
+    """Reduce this program's own tile ``k``, parked in the output."""
+    tile = tiles.tile(k)
+    tl.debug_barrier()  # other threads of the program parked it
+    acc = tl.load(ex.out + tile.origin + tile.offs, mask=tile.mask, other=0.0, cache_modifier=".cg")
+    _reduce_own(ex, tiles, tile, acc.to(tl.float32), True)
+
+
+@triton.jit
+def _step(tiles, gemm, ex, carry, step, PHASE: tl.constexpr):
+    """Visit the program's tile at ``step`` and return the new :class:`_Carry`. The tile is
+    computed (the pending copy streaming under its K loop) if this phase takes it ("peers
+    first": phase 0 the peers' chunks, phase 1 the own chunk; ``SPREAD``: all in one), then
+    the previous partial's flag is raised and the tile is pushed to its owner, parked in the
+    output (``SPREAD``, not the last step) or reduced. With ``SPREAD`` the tile parked one
+    step earlier is reduced last: the peers computed its partials at that step too."""
+    me = ex.group.index
+    k = step
+    if tiles.SPREAD:
+        if tiles.pid % 2 == 1:  # odd programs walk their tiles backwards
+            k = tiles.count - 1 - step
+    tile = tiles.tile(k)
+    if tiles.SPREAD:
+        take = tile.row0 >= 0
+    elif PHASE == 0:
+        take = tile.j != me
+    else:
+        take = tile.j == me
+    job, flag, owner, cleared = carry.job, carry.flag, carry.owner, carry.cleared
+    zero = step * 0
+    parking = zero - 1
+    if take & (tile.row0 < tile.rows) & (tile.col0 < tile.cols):
+        acc = gemm.product(tile, job)
+        job = _Copy(job.src, job.src_ld, job.dst, job.ld, zero, job.cols)  # copied under the GEMM
+        flag = _raise_pending(ex, flag, owner)
+        if tile.j != me:
+            job, flag, owner, cleared = _push_partial(ex, tiles, tile, acc, job, cleared)
+        elif (step < tiles.count - 1) & tiles.SPREAD:
+            # Parked in the output, in its dtype like the peers' partials, and
+            # reduced after the next tile (when the peers' copies have arrived).
+            tl.store(ex.out + tile.origin + tile.offs, acc.to(ex.out.dtype.element_ty), mask=tile.mask)
+            parking = k
+        else:
+            _reduce_own(ex, tiles, tile, acc, not ex.STREAM_OUT)
+            if ex.STREAM_OUT:  # the reduced tile goes to the peer under the next GEMM
+                tl.debug_barrier()  # read back by other threads of the program
+                peer_out = ex.ctx.translate(ex.out, ex.group.rank((me + 1) % ex.group.size))
+                ld = zero + tiles.stride_om
+                rows, cols = tile.rows - tile.row0, tile.cols - tile.col0
+                job = _Copy(ex.out + tile.origin, ld, peer_out + tile.origin, ld, rows, cols)
+    held = carry.held
+    if tiles.SPREAD:
+        if held >= 0:
+            _reduce_parked(ex, tiles, held)
+        held = parking
+    return _Carry(job, flag, owner, held, cleared)
 
 
 @triton.jit
@@ -135,162 +423,58 @@ def _matmul_reduce_kernel(
     its owner ``STREAM_ROWS`` rows per K step of the program's next tile (or at the end);
     ``STREAM_OUT`` (all-reduce of two members, "peers_first" order): a reduced tile is
     streamed the same way from this rank's output into the peer's. ``STREAM_ALIGNED``: the
-    streamed rows may move in 16-byte vectors."""
+    streamed rows may move in 16-byte vectors.
+
+    Each program visits its tiles one :func:`_step` at a time, carrying a :class:`_Carry`
+    from one to the next, and finishes what the last step left pending."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
+    tiles = _Tiles.initialize(
+        M, N, CM, CN, stride_om, stride_on, out_chunk_step, GROUP, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N, SPREAD
+    )
+    pid = tiles.pid
     gen = call_generation(state)
     if ALL_REDUCE:  # peers store into the output: every member must have entered the call
-        group.sync(ctx, pid, fence=False)  # nothing remote before it: no fence (2-3 us)
-    cleared = pid < 0  # reduce-scatter: may push, the peers have left the previous call
-    tiles_m = tl.cdiv(CM, BLOCK_M)
-    tiles_n = tl.cdiv(CN, BLOCK_N)
-    chunk_tiles = tiles_m * tiles_n
-    slot_elems = tl.cast(CM, tl.int64) * CN
-    mine = tl.cdiv(GROUP * chunk_tiles - pid, programs)  # this program's tiles: pid + k * programs
-    pending = pid * 0 - 1  # flag index of the last partial pushed and not yet signalled
-    pending_rank = pid * 0
-    held = pid * 0 - 1  # SPREAD: k of the own tile parked one step ago, -1 for none
-    staged = stage + tl.cast(pid, tl.int64) * (BLOCK_M * BLOCK_N)  # STREAM: this program's
-    job_src = staged  # STREAM: the tile to copy under the next GEMM (row stride job_src_ld),
-    job_src_ld = pid * 0 + BLOCK_N
-    job_dst = ws  # where it goes (a peer's ws or output, row stride job_ld),
-    job_ld = pid * 0 + CN
-    job_rows = pid * 0  # its valid rows (0: no copy pending) and columns
-    job_cols = pid * 0
+        group.sync(ctx, pid, fence=False)  # nothing remote before it: no fence
+    gemm = _Gemm(
+        a, b, a_desc, b_desc, K, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
+        EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
+    )  # fmt: skip
+    staged = stage + tl.cast(pid, tl.int64) * (BLOCK_M * BLOCK_N)
+    ex = _Exchange(
+        ctx, group, gen, ready, exits, ws, out, bias, staged, HAS_BIAS, ALL_REDUCE, ALIGNED, WS_ALIGNED,
+        STREAM, STREAM_OUT,
+    )  # fmt: skip
+    # No copy or flag pending, no tile parked; reduce-scatter: no push cleared yet.
+    zero = pid * 0
+    idle = _Copy(staged, zero + BLOCK_N, ws, zero + CN, zero, zero)
+    carry = _Carry(idle, zero - 1, zero, zero - 1, pid < 0)
     for phase in tl.static_range(1 if SPREAD else 2):
-        step = pid * 0
-        while step < mine:
-            k = step
-            if SPREAD:
-                if pid % 2 == 1:  # odd programs walk their tiles backwards
-                    k = mine - 1 - step
-            j, local, row_base, col_base, rows, cols, row0, col0, o_origin, o_offs, o_mask = _chunk_tile(
-                pid + k * programs, chunk_tiles, tiles_m, tiles_n, M, N, CM, CN, stride_om, stride_on,
-                out_chunk_step, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N,
-            )  # fmt: skip
-            if SPREAD:
-                take = row0 >= 0
-            elif phase == 0:
-                take = j != ME
-            else:
-                take = j == ME
-            parking = pid * 0 - 1
-            if take & (row0 < rows) & (col0 < cols):
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                a_chunk = a + tl.cast(row_base, tl.int64) * stride_am
-                b_chunk = b + tl.cast(col_base, tl.int64) * stride_bn
-                acc = matmul_tile(
-                    acc, a_chunk, b_chunk, row0, rows, col0, cols, K,
-                    stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                    a_desc, row_base + row0, b_desc, 0, col_base + col0, TMA_A, TMA_B,
-                    job_src, job_src_ld, job_dst, job_ld, job_rows, job_cols,
-                    STREAM, STREAM_ROWS, STREAM_ALIGNED,
-                )  # fmt: skip
-                job_rows = pid * 0
-                if pending >= 0:
-                    signal(ctx, ready + pending, gen, pending_rank)
-                    pending = pid * 0 - 1
-                if j != ME:
-                    if not ALL_REDUCE:
-                        if cleared == 0:
-                            wait_exits(ctx, group, exits, gen, pid, programs, GROUP, ME)
-                            cleared = pid >= 0
-                    owner = group.rank(j)
-                    slot = (ME - j - 1 + GROUP) % GROUP
-                    origin, offs, mask = tile_offsets(row0, rows, col0, cols, CN, 1, BLOCK_M, BLOCK_N)
-                    if STREAM:  # staged here, copied while the next tile is computed
-                        s_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                        tl.store(staged + s_offs, acc.to(ws.dtype.element_ty))
-                        tl.debug_barrier()  # read back by other threads of the program
-                        job_src = staged
-                        job_src_ld = pid * 0 + BLOCK_N
-                        job_dst = ctx.translate(ws, owner) + slot * slot_elems + origin
-                        job_ld = pid * 0 + CN
-                        job_rows = rows - row0
-                        job_cols = cols - col0
-                    else:
-                        dst = remote_tile(ctx, ws, owner, slot * slot_elems + origin, offs, WS_ALIGNED)
-                        tl.store(dst, acc.to(ws.dtype.element_ty), mask=mask)
-                    pending = slot * chunk_tiles + local
-                    pending_rank = owner
-                elif SPREAD & (step < mine - 1):
-                    # Parked in the output, in its dtype like the peers' partials, and
-                    # reduced after the next tile (when the peers' copies have arrived).
-                    tl.store(out + o_origin + o_offs, acc.to(out.dtype.element_ty), mask=o_mask)
-                    parking = k
-                else:
-                    _reduce_own(
-                        ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
-                        col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
-                        GROUP, ME, BLOCK_M, BLOCK_N, HAS_BIAS, ALL_REDUCE, ALIGNED, not STREAM_OUT,
-                    )  # fmt: skip
-                    if STREAM_OUT:  # the reduced tile goes to the peer under the next GEMM
-                        tl.debug_barrier()  # read back by other threads of the program
-                        job_src = out + o_origin
-                        job_src_ld = pid * 0 + stride_om
-                        job_dst = ctx.translate(out, group.rank((ME + 1) % GROUP)) + o_origin
-                        job_ld = pid * 0 + stride_om
-                        job_rows = rows - row0
-                        job_cols = cols - col0
-            if SPREAD:
-                if held >= 0:
-                    _reduce_parked(
-                        ctx, group, held, pid, programs, ready, ws, bias, out, gen, chunk_tiles, tiles_m,
-                        tiles_n, slot_elems, M, N, CM, CN, stride_om, stride_on, out_chunk_step,
-                        GROUP, ME, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
-                    )  # fmt: skip
-                held = parking
+        step = zero
+        while step < tiles.count:
+            carry = _step(tiles, gemm, ex, carry, step, phase)
             step += 1
+    job = carry.job
     if STREAM:
-        if job_rows > 0:  # left after the program's last GEMM: copied now, at once
+        if job.rows > 0:  # left after the program's last GEMM: copied now, at once
             copy_tile(
-                job_src, job_src_ld, job_dst, job_ld, job_rows, job_cols, BLOCK_M, BLOCK_N, STREAM_ALIGNED
+                job.src, job.src_ld, job.dst, job.ld, job.rows, job.cols, BLOCK_M, BLOCK_N, STREAM_ALIGNED
             )
-    if pending >= 0:
-        signal(ctx, ready + pending, gen, pending_rank)
+    _raise_pending(ex, carry.flag, carry.owner)
     if SPREAD:
-        if held >= 0:  # parked at the program's second-to-last tile
-            _reduce_parked(
-                ctx, group, held, pid, programs, ready, ws, bias, out, gen, chunk_tiles, tiles_m,
-                tiles_n, slot_elems, M, N, CM, CN, stride_om, stride_on, out_chunk_step,
-                GROUP, ME, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
-            )  # fmt: skip
+        if carry.held >= 0:  # parked at the program's second-to-last step
+            _reduce_parked(ex, tiles, carry.held)
     if ALL_REDUCE:
         group.sync(ctx, pid)
     elif GROUP > 1:
-        raise_exits(ctx, group, exits, gen, pid, programs, GROUP, ME)
+        raise_exits(ctx, group, exits, gen, pid, tiles.programs, GROUP, ME)
     finish_call(state, gen)
-
-
-@triton.jit
-def _reduce_parked(
-    ctx, group, k, pid, programs, ready, ws, bias, out, gen, chunk_tiles, tiles_m, tiles_n, slot_elems,
-    M, N, CM, CN, stride_om, stride_on, out_chunk_step,
-    GROUP: tl.constexpr, ME: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_N: tl.constexpr, HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr,
-    ALIGNED: tl.constexpr,
-):  # fmt: skip
-    """Reduce the own tile this program parked in the output at its tile ``k``."""
-    j, local, row_base, col_base, rows, cols, row0, col0, o_origin, o_offs, o_mask = _chunk_tile(
-        pid + k * programs, chunk_tiles, tiles_m, tiles_n, M, N, CM, CN, stride_om, stride_on,
-        out_chunk_step, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_N,
-    )  # fmt: skip
-    tl.debug_barrier()  # other threads of the program parked it
-    acc = tl.load(out + o_origin + o_offs, mask=o_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    _reduce_own(
-        ctx, group, acc, ready, ws, bias, out, gen, local, chunk_tiles, slot_elems,
-        col_base, rows, cols, row0, col0, CN, o_origin, o_offs, o_mask,
-        GROUP, ME, BLOCK_M, BLOCK_N, HAS_BIAS, ALL_REDUCE, ALIGNED,
-    )  # fmt: skip
 
 
 def spread(cfg: Config) -> bool:
     """Whether to run the "spread" order (``Config.order``); ``"auto"`` runs "peers_first":
     with the partials streamed (``Config.stream``) it measured faster for both ops on
-    2 x H200 (matmul_reduce_scatter at 1024 x 8192 x 4096: 103.6 us against 114.4 for
-    "spread" without streaming and 124.4 with it)."""
+    2 x H200 than "spread", streamed or not."""
     return cfg.order == "spread"
 
 
