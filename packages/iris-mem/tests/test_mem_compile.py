@@ -261,9 +261,8 @@ def _global_loads(ptx: str) -> list[str]:
 def _child_barrier(fails: list, worlds=(1, 2, 8)) -> None:
     from iris.mem import sync
 
-    sig = {
-        "context": "*i64", "members": "*i32", "flags": "*i32", "epochs": "*i32", "status": "*i64", "budget": "i64",
-    }  # fmt: skip
+    names = ("context", "members", "flags", "epochs", "status", "budget")
+    sig = dict(zip(names, ("*i64", "*i32", "*i32", "*i32", "*i64", "i64")))
     for world in worlds:
         consts = {"RANK": world - 1, "WORLD": world, "GROUP": world, "ME": world - 1}
         k = _compile(sync.device_barrier_kernel, sig, consts)
