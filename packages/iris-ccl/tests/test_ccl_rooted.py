@@ -446,11 +446,11 @@ def compile_child() -> list[str]:
     lead = {"context": "*i64", "members": "*i32", "flags": "*i32", "epochs": "*i32", "status": "*i64"}
     lead["budget"] = "i64"
     fails = []
+    fn = importlib.import_module("iris.ccl._rooted")._rooted_kernel
     for name in ("broadcast", "reduce", "scatter", "gather"):
-        fn = getattr(importlib.import_module(f"iris.ccl.{name}"), f"_{name}_kernel")
         for ty in ("fp32", "fp16", "bf16", "i32", "i64"):
             sig = {**lead, "src": "*" + ty, "dst": "*" + ty, "n": "i32", "n_per_rank": "i32", "root": "i32"}
-            consts = {"RANK": 2, "WORLD": 4, "GROUP": 3, "ME": 1, "BLOCK": 1024}
+            consts = {"RANK": 2, "WORLD": 4, "GROUP": 3, "ME": 1, "BLOCK": 1024, "KIND": name}
             if name == "reduce":
                 consts.update(OP="avg" if ty[0] != "i" else "max", ACC_FP32=ty[0] != "i")
             names = list(fn.arg_names)

@@ -1,8 +1,11 @@
-"""Host helpers of the rooted and point-to-point collectives: ranks named by the caller.
+"""The rooted collectives' shared parts: their kernel, their launch loop, and the check of
+ranks named by the caller.
 
 torch.distributed names roots and peers by *global* rank; the kernels index the group's
-members. These helpers validate the caller's rank on every rank before any communication,
-so a bad rank raises the same clear ``ValueError`` everywhere instead of hanging.
+members. :func:`member_index` validates the caller's rank on every rank before any
+communication, so a bad rank raises the same clear ``ValueError`` everywhere instead of
+hanging. broadcast, reduce, scatter and gather run one persistent kernel,
+:func:`_rooted_kernel`, specialised by the tile collective it calls.
 """
 
 from __future__ import annotations
@@ -11,9 +14,65 @@ import operator
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 import iris.mem
 from iris.mem.runtime import group_ranks
+from iris.mem.triton import Context
+
+from . import _host
+from .config import Config
+from .triton import Group, tiles
+
+
+@triton.jit
+def _rooted_kernel(
+    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, root,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    KIND: tl.constexpr, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True,
+):  # fmt: skip
+    """Persistent: program ``p`` moves tiles ``p, p + P, ...`` of ``n`` elements (the same
+    program on every member) with the tile collective ``KIND``, member ``root`` (a group
+    index) at its centre:
+
+    * ``"broadcast"``: ``dst[i] = src[i]`` of ``root`` on every other member;
+    * ``"reduce"``: on ``root``, ``dst[i] = OP`` over the members' ``src[i]``;
+    * ``"scatter"``: from ``root``, ``dst_m[i] = src[m * n_per_rank + i]`` on every member ``m``;
+    * ``"gather"``: on ``root``, ``dst[m * n_per_rank + i] = src_m[i]`` for every member ``m``.
+    """
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    t = pid
+    while t < tl.cdiv(n, BLOCK):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        if KIND == "broadcast":
+            tiles.broadcast_pull(ctx, group, src, dst, offs, mask, root, pid)
+        elif KIND == "reduce":
+            tiles.reduce_pull(ctx, group, src, dst, offs, mask, root, pid, OP, ACC_FP32)
+        elif KIND == "scatter":
+            tiles.scatter_push(ctx, group, src, dst, offs, mask, n_per_rank, root, pid)
+        else:
+            tiles.gather_pull(ctx, group, src, dst, offs, mask, n_per_rank, root, pid)
+        t += tl.num_programs(0)
+
+
+def run(
+    kind: str, comm, cfg: Config, n: int, itemsize: int, in_place: bool, buffers, root: int, **meta
+) -> None:
+    """Launch :func:`_rooted_kernel` over ``n`` elements in as many launches as the staging
+    buffer and the config allow. ``buffers(start, length)`` returns the launch's
+    ``(src, dst, n_per_rank, done)``: kernel pointers (on the heap where peers reach them) and
+    what to do after the launch (a copy out of staging), or None."""
+    per_launch = _host.max_elements(cfg, itemsize, not in_place, comm)
+    for start, length in _host.chunks(n, per_launch):
+        src, dst, n_per_rank, done = buffers(start, length)
+        grid = _host.persistent_grid(comm, cfg, length)
+        _host.launch(_rooted_kernel, grid, comm, cfg, src, dst, length, n_per_rank, root, KIND=kind, **meta)
+        if done is not None:
+            done()
 
 
 def member_index(rank: object, group, name: str, collective: str) -> int:

@@ -8,31 +8,10 @@ all have read it (:func:`iris.ccl.triton.tiles.broadcast_pull`).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
-
-from iris.mem.triton import Context
 
 from . import _host, _rooted
 from .config import Config
-from .triton import Group, tiles
 from .work import Work
-
-
-@triton.jit
-def _broadcast_kernel(
-    context, members, flags, epochs, status, budget, src, dst, n, root,
-    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """``dst[i] = src[i]`` of member ``root`` for ``i < n``, on every member but ``root``."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
-    while t < tl.cdiv(n, BLOCK):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.broadcast_pull(ctx, group, src, dst, offs, offs < n, root, pid)
-        t += tl.num_programs(0)
 
 
 def broadcast(
@@ -64,16 +43,13 @@ def broadcast(
     if n == 0 or comm.size == 1:
         return _host.finish(comm, async_op)
     data = _rooted.flat(tensor)
-    per_launch = _host.max_elements(cfg, tensor.element_size(), not in_place, comm)
-    for start, length in _host.chunks(n, per_launch):
+
+    def buffers(start, length):
         dst = data[start : start + length]
         if in_place:
-            ksrc = dst
-        elif comm.index == root:
-            ksrc = comm.staged_copy("in", dst)
-        else:
-            ksrc = comm.staging_like("in", dst)
-        grid = _host.persistent_grid(comm, cfg, length)
-        _host.launch(_broadcast_kernel, grid, comm, cfg, ksrc, dst, length, root)
+            return dst, dst, 0, None
+        return (comm.staged_copy if comm.index == root else comm.staging_like)("in", dst), dst, 0, None
+
+    _rooted.run("broadcast", comm, cfg, n, tensor.element_size(), in_place, buffers, root)
     _host.copy_back(tensor, data)
     return _host.finish(comm, async_op)

@@ -11,33 +11,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import triton
-import triton.language as tl
 
 from iris.mem.runtime import group_ranks
-from iris.mem.triton import Context
 
 from . import _host, _rooted
 from .config import Config
-from .triton import Group, tiles
 from .work import Work
-
-
-@triton.jit
-def _gather_kernel(
-    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, root,
-    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """On member ``root``: ``dst[m * n_per_rank + i] = src_m[i]`` for every member ``m``,
-    ``i < n``."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
-    while t < tl.cdiv(n, BLOCK):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.gather_pull(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
-        t += tl.num_programs(0)
 
 
 def gather(
@@ -82,14 +61,14 @@ def gather(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    per_launch = _host.max_elements(cfg, inp.element_size(), not in_place, comm)
-    for start, length in _host.chunks(m, per_launch):
+
+    def buffers(start, length):
         src = src_all[start : start + length]
         ksrc = src if in_place else comm.staged_copy("in", src)
         # Only the root writes its output: any pointer does elsewhere.
-        kdst = dst_all[start:] if is_root else ksrc
-        grid = _host.persistent_grid(comm, cfg, length)
-        _host.launch(_gather_kernel, grid, comm, cfg, ksrc, kdst, length, m, root)
+        return ksrc, dst_all[start:] if is_root else ksrc, m, None
+
+    _rooted.run("gather", comm, cfg, m, inp.element_size(), in_place, buffers, root)
     if is_root:
         _host.copy_back(out, dst_all)
     return _host.finish(comm, async_op)

@@ -10,33 +10,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import triton
-import triton.language as tl
-
-from iris.mem.triton import Context
 
 from . import _host, _rooted
 from .config import Config
 from .reduce_op import ReduceOp
-from .triton import Group, tiles
 from .work import Work
-
-
-@triton.jit
-def _reduce_kernel(
-    context, members, flags, epochs, status, budget, src, dst, n, root,
-    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    OP: tl.constexpr, ACC_FP32: tl.constexpr,
-):  # fmt: skip
-    """On member ``root``: ``dst[i] = OP over members m of src_m[i]`` for ``i < n``."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
-    while t < tl.cdiv(n, BLOCK):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.reduce_pull(ctx, group, src, dst, offs, offs < n, root, pid, OP, ACC_FP32)
-        t += tl.num_programs(0)
 
 
 def reduce(
@@ -90,17 +68,15 @@ def reduce(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    per_launch = _host.max_elements(cfg, inp.element_size(), not in_place, comm)
-    for start, length in _host.chunks(n, per_launch):
+
+    def buffers(start, length):
         src = src_all[start : start + length]
         ksrc = src if in_place else comm.staged_copy("in", src)
         # Non-root ranks write nothing: any pointer does as their dst.
-        kdst = dst_all[start : start + length] if is_root else ksrc
-        grid = _host.persistent_grid(comm, cfg, length)
-        _host.launch(
-            _reduce_kernel, grid, comm, cfg, ksrc, kdst, length, root,
-            OP=rop.value, ACC_FP32=_host.acc_fp32(inp.dtype),
-        )  # fmt: skip
+        return ksrc, dst_all[start : start + length] if is_root else ksrc, 0, None
+
+    meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
+    _rooted.run("reduce", comm, cfg, n, inp.element_size(), in_place, buffers, root, **meta)
     if is_root:
         _host.copy_back(out, dst_all)
     return _host.finish(comm, async_op)

@@ -12,33 +12,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import triton
-import triton.language as tl
 
 from iris.mem.runtime import group_ranks
-from iris.mem.triton import Context
 
 from . import _host, _rooted
 from .config import Config
-from .triton import Group, tiles
 from .work import Work
-
-
-@triton.jit
-def _scatter_kernel(
-    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, root,
-    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """From member ``root``: ``dst_m[i] = src[m * n_per_rank + i]`` on every member ``m``,
-    for ``i < n``."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)
-    while t < tl.cdiv(n, BLOCK):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.scatter_push(ctx, group, src, dst, offs, offs < n, n_per_rank, root, pid)
-        t += tl.num_programs(0)
 
 
 def scatter(
@@ -90,15 +69,13 @@ def scatter(
         dst_all.copy_(src_all)
         _host.copy_back(out, dst_all)
         return _host.finish(comm, async_op)
-    per_launch = _host.max_elements(cfg, out.element_size(), not in_place, comm)
-    for start, length in _host.chunks(m, per_launch):
+
+    def buffers(start, length):
         dst = dst_all[start : start + length]
         kdst = dst if in_place else comm.staging_like("out", dst)
         # Only the root reads its input: any pointer does elsewhere.
-        ksrc = src_all[start:] if is_root else kdst
-        grid = _host.persistent_grid(comm, cfg, length)
-        _host.launch(_scatter_kernel, grid, comm, cfg, ksrc, kdst, length, m, root)
-        if kdst is not dst:
-            dst.copy_(kdst)
+        return src_all[start:] if is_root else kdst, kdst, m, None if in_place else lambda: dst.copy_(kdst)
+
+    _rooted.run("scatter", comm, cfg, m, out.element_size(), in_place, buffers, root)
     _host.copy_back(out, dst_all)
     return _host.finish(comm, async_op)
