@@ -80,6 +80,28 @@ def _slice(src, src_ld, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr, BLO
 
 
 @triton.jit
+def _k_step(
+    acc, part, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
+    stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    TMA_A: tl.constexpr, TMA_B: tl.constexpr, STREAM: tl.constexpr, STREAM_ROWS: tl.constexpr,
+    STREAM_ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """K step ``k`` of :func:`matmul_tile`: the block product, and with ``STREAM`` the next
+    slice of the streamed copy. Returns ``(acc, part)``."""
+    acc = _k_block(
+        acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
+        BLOCK_K, EVEN_K, TMA_A, TMA_B,
+    )  # fmt: skip
+    if STREAM:
+        part = _stream_step(
+            part, stream_src, stream_src_ld, stream_dst, stream_ld, k, stream_rows, stream_cols,
+            STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
+        )  # fmt: skip
+    return acc, part
+
+
+@triton.jit
 def matmul_tile(
     acc, a, b, row0, m_valid, col0, n_valid, k_len,
     stride_am, stride_ak, stride_bk, stride_bn,
@@ -126,30 +148,24 @@ def matmul_tile(
             BLOCK_M, BLOCK_N, STREAM_ALIGNED,
         )  # fmt: skip
         part = tl.load(s_ptrs, mask=s_mask, cache_modifier=".cg")
+    else:
+        part = 0  # no copy streamed: a placeholder the K steps pass along
     if INTERPRETED:  # range() over a run-time bound fails there
         k = 0
         while k < k_tiles:
-            acc = _k_block(
-                acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
-                BLOCK_K, EVEN_K, TMA_A, TMA_B,
+            acc, part = _k_step(
+                acc, part, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak,
+                stride_bk, stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
             )  # fmt: skip
-            if STREAM:
-                part = _stream_step(
-                    part, stream_src, stream_src_ld, stream_dst, stream_ld, k, stream_rows, stream_cols,
-                    STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
-                )  # fmt: skip
             k += 1
     else:
         for k in range(0, k_tiles):
-            acc = _k_block(
-                acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
-                BLOCK_K, EVEN_K, TMA_A, TMA_B,
+            acc, part = _k_step(
+                acc, part, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak,
+                stride_bk, stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
             )  # fmt: skip
-            if STREAM:
-                part = _stream_step(
-                    part, stream_src, stream_src_ld, stream_dst, stream_ld, k, stream_rows, stream_cols,
-                    STREAM_ROWS, BLOCK_M, BLOCK_N, STREAM_ALIGNED,
-                )  # fmt: skip
     if STREAM:  # rows the K steps did not cover (only when K has fewer steps than planned)
         k = k_tiles
         while k * STREAM_ROWS < BLOCK_M:

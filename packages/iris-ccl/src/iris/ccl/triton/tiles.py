@@ -17,15 +17,9 @@ from .sync import combine, record_timeout, thread_fence
 
 @triton.jit
 def reduce_tile(
-    ctx,
-    group,
-    src,
-    offs,
-    mask,
-    OP: tl.constexpr = "sum",
-    ACC_FP32: tl.constexpr = True,
+    ctx, group, src, offs, mask, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True,
     HINT: tl.constexpr = None,
-):
+):  # fmt: skip
     """Reduction of ``src[offs]`` over the members (pulled from each heap, in member order,
     so every rank computes bitwise the same result). Returns the accumulator (fp32 for
     floating types when ``ACC_FP32``); AVG is divided by the group size."""
@@ -44,18 +38,9 @@ def reduce_tile(
 
 @triton.jit
 def all_reduce_one_shot(
-    ctx,
-    group,
-    src,
-    dst,
-    offs,
-    mask,
-    slot,
-    OP: tl.constexpr = "sum",
-    ACC_FP32: tl.constexpr = True,
-    SYNC: tl.constexpr = True,
-    HINT: tl.constexpr = None,
-):
+    ctx, group, src, dst, offs, mask, slot, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True,
+    SYNC: tl.constexpr = True, HINT: tl.constexpr = None,
+):  # fmt: skip
     """Barrier, pull and reduce the tile from every member, barrier, store to the local
     ``dst`` (which may be ``src``, and need not be on the heap).
 
@@ -72,20 +57,18 @@ def all_reduce_one_shot(
 
 
 @triton.jit
+def store_everywhere(ctx, group, ptr, x, mask, HINT: tl.constexpr = None):
+    """Store ``x`` at ``ptr`` (a heap address) on every member, this one first, the others in
+    ring order from it (so the members do not all write the same peer at once)."""
+    for i in tl.static_range(group.size):
+        ctx.store(ptr, x, group.rank((group.index + i) % group.size), mask=mask, hint=HINT)
+
+
+@triton.jit
 def all_reduce_two_shot(
-    ctx,
-    group,
-    src,
-    dst,
-    offs,
-    mask,
-    slot,
-    owner,
-    OP: tl.constexpr = "sum",
-    ACC_FP32: tl.constexpr = True,
-    SYNC: tl.constexpr = True,
-    HINT: tl.constexpr = None,
-):
+    ctx, group, src, dst, offs, mask, slot, owner, OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True, SYNC: tl.constexpr = True, HINT: tl.constexpr = None,
+):  # fmt: skip
     """Member ``owner`` reduces the tile and pushes it into every member's ``dst`` (on the
     heap); the others only take part in the barriers. ``SYNC=False``: the caller runs the
     barriers around its tile loop (``dst`` may alias ``src``: only the owner touches a tile)."""
@@ -93,26 +76,16 @@ def all_reduce_two_shot(
         group.sync(ctx, slot)
     if owner == group.index:
         acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32, HINT).to(dst.dtype.element_ty)
-        for i in tl.static_range(group.size):
-            ctx.store(dst + offs, acc, group.rank((group.index + i) % group.size), mask=mask, hint=HINT)
+        store_everywhere(ctx, group, dst + offs, acc, mask, HINT)
     if SYNC:
         group.sync(ctx, slot)
 
 
 @triton.jit
 def all_reduce_ring(
-    ctx,
-    group,
-    src,
-    part,
-    dst,
-    base,
-    n,
-    slot,
-    BLOCK: tl.constexpr,
-    OP: tl.constexpr = "sum",
+    ctx, group, src, part, dst, base, n, slot, BLOCK: tl.constexpr, OP: tl.constexpr = "sum",
     ACC_FP32: tl.constexpr = True,
-):
+):  # fmt: skip
     """Ring all-reduce of ``group.size`` consecutive tiles of ``BLOCK`` starting at element
     ``base`` (of ``n``): reduce-scatter then all-gather between neighbours, a barrier per
     step. Partial sums travel through ``part`` (on the heap, in the accumulation dtype: an
@@ -205,26 +178,16 @@ def all_gather_push(
     at = dst + tl.cast(group.index, tl.int64) * n_per_rank
     if SYNC:
         group.sync(ctx, slot)
-    for i in tl.static_range(group.size):
-        ctx.store(at + offs, x, group.rank((group.index + i) % group.size), mask=mask, hint=HINT)
+    store_everywhere(ctx, group, at + offs, x, mask, HINT)
     if SYNC:
         group.sync(ctx, slot)
 
 
 @triton.jit
 def all_gather_pull(
-    ctx,
-    group,
-    src,
-    dst,
-    offs,
-    mask,
-    n_per_rank,
-    slot,
-    src_per_rank=0,
-    SYNC: tl.constexpr = True,
+    ctx, group, src, dst, offs, mask, n_per_rank, slot, src_per_rank=0, SYNC: tl.constexpr = True,
     HINT: tl.constexpr = None,
-):
+):  # fmt: skip
     """Barrier, load the tile ``src[offs]`` (on the heap) of every member ``i`` into the
     local ``dst`` at ``i * n_per_rank + offs`` (``dst`` need not be on the heap), barrier
     (so no member changes its ``src`` while another still reads it). Member ``i``'s tile is
@@ -244,19 +207,9 @@ def all_gather_pull(
 
 @triton.jit
 def reduce_scatter_pull(
-    ctx,
-    group,
-    src,
-    dst,
-    offs,
-    mask,
-    n_per_rank,
-    slot,
-    OP: tl.constexpr = "sum",
-    ACC_FP32: tl.constexpr = True,
-    SYNC: tl.constexpr = True,
-    HINT: tl.constexpr = None,
-):
+    ctx, group, src, dst, offs, mask, n_per_rank, slot, OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True, SYNC: tl.constexpr = True, HINT: tl.constexpr = None,
+):  # fmt: skip
     """Barrier, reduce chunk ``index`` of ``src`` (on the heap, chunks ``n_per_rank``
     apart) over the members with :func:`reduce_tile`, barrier, store the tile into the local
     ``dst`` (which may alias this rank's chunk of ``src``: no member reads that chunk of
@@ -273,20 +226,9 @@ def reduce_scatter_pull(
 
 @triton.jit
 def reduce_scatter_push(
-    ctx,
-    group,
-    src,
-    dst,
-    ws,
-    offs,
-    mask,
-    n_per_rank,
-    ws_per_rank,
-    slot,
-    OP: tl.constexpr = "sum",
-    ACC_FP32: tl.constexpr = True,
-    HINT: tl.constexpr = None,
-):
+    ctx, group, src, dst, ws, offs, mask, n_per_rank, ws_per_rank, slot, OP: tl.constexpr = "sum",
+    ACC_FP32: tl.constexpr = True, HINT: tl.constexpr = None,
+):  # fmt: skip
     """Barrier (every member's workspace is free), push chunk ``j`` of the local ``src``
     (chunks ``n_per_rank`` apart) into member ``j``'s workspace ``ws`` (on the heap, slots
     ``ws_per_rank`` apart) at slot ``index``, barrier, reduce the ``size`` slots of the
@@ -326,16 +268,9 @@ def reduce_scatter_push_reduce(
 
 @triton.jit
 def reduce_slots(
-    own,
-    slots,
-    stride,
-    offs,
-    mask,
-    ME: tl.constexpr,
-    GROUP: tl.constexpr,
-    OP: tl.constexpr = "sum",
+    own, slots, stride, offs, mask, ME: tl.constexpr, GROUP: tl.constexpr, OP: tl.constexpr = "sum",
     ACC_FP32: tl.constexpr = True,
-):
+):  # fmt: skip
     """Local reduction of one tile over the members, in member order (bitwise the same as
     :func:`reduce_tile`): member ``i``'s data is at ``own + offs`` for ``i == ME`` and at
     ``slots + i * stride + offs`` otherwise (the contributions a push-based collective has
@@ -355,18 +290,9 @@ def reduce_slots(
 
 @triton.jit
 def all_to_all_push(
-    ctx,
-    group,
-    src,
-    dst,
-    offs,
-    mask,
-    src_per_rank,
-    dst_per_rank,
-    slot,
-    SYNC: tl.constexpr = True,
+    ctx, group, src, dst, offs, mask, src_per_rank, dst_per_rank, slot, SYNC: tl.constexpr = True,
     HINT: tl.constexpr = None,
-):
+):  # fmt: skip
     """Barrier, store chunk ``j`` of the local ``src`` (chunks ``src_per_rank`` apart) into
     member ``j``'s ``dst`` (on the heap, chunks ``dst_per_rank`` apart) at chunk ``index``,
     barrier. ``src`` must not overlap ``dst``. ``SYNC=False``: the caller runs the barriers
@@ -384,18 +310,9 @@ def all_to_all_push(
 
 @triton.jit
 def all_to_all_pull(
-    ctx,
-    group,
-    src,
-    dst,
-    offs,
-    mask,
-    src_per_rank,
-    dst_per_rank,
-    slot,
-    SYNC: tl.constexpr = True,
+    ctx, group, src, dst, offs, mask, src_per_rank, dst_per_rank, slot, SYNC: tl.constexpr = True,
     HINT: tl.constexpr = None,
-):
+):  # fmt: skip
     """Barrier, load chunk ``index`` of member ``j``'s ``src`` (on the heap, chunks
     ``src_per_rank`` apart) into chunk ``j`` of the local ``dst`` (chunks ``dst_per_rank``
     apart), barrier. ``src`` must not overlap ``dst``. ``SYNC=False``: the caller runs the
