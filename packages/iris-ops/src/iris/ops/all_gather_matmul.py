@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+import iris.mem
 from iris.ccl import Work
 from iris.ccl.triton import Group
 from iris.mem.triton import Context
@@ -251,12 +252,13 @@ def all_gather_matmul(
     if out.numel():
         tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 and not combined else 1)
         k_pow2 = triton.next_power_of_2(max(ks, 16))
+        interpreted = iris.mem.capabilities(a_shard.device).interpreted  # small pieces: cheap programs
         if combined:  # the shard's few rows, as many columns as 16K elements (registers) allow
             push_m = triton.next_power_of_2(max(ms, 1))
-            push_k = min(16384 // push_m if a_shard.is_cuda else 32, k_pow2)
+            push_k = min(32 if interpreted else 16384 // push_m, k_pow2)
             pushers = min(cfg.comm_sms, _host.cdiv(ks, push_k))
         else:  # whole row blocks of BLOCK_M rows
-            push_m, push_k = cfg.block_m, min(128 if a_shard.is_cuda else 32, k_pow2)
+            push_m, push_k = cfg.block_m, min(32 if interpreted else 128, k_pow2)
             pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
         grid = max(1, min(cfg.num_sms, tiles + pushers))
         # Along K a B block past a slice's end holds the next slice's rows: only exact slices.
