@@ -45,6 +45,14 @@ def check_operands(op: str, out, a, b, bias) -> None:
             raise ValueError(f"{op}: out overlaps {name}; the output must not share memory with an input")
 
 
+def check_call(op: str, out, a, b, bias, group) -> tuple[tuple[int, ...], int, int, int, int]:
+    """The checks every fused op starts with (operands, group, inner dimensions): returns
+    ``(global ranks of group, this rank's index, M, K, N)`` of ``a @ b``."""
+    check_operands(op, out, a, b, bias)
+    ranks, index = group_position(group)
+    return (ranks, index, *matmul_dims(op, a, b))
+
+
 def matmul_dims(op: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
     """``(M, K, N)`` of ``a @ b``; a ValueError when the inner dimensions differ."""
     (m, k), (k2, n) = a.shape, b.shape

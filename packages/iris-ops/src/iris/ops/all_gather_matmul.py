@@ -187,17 +187,10 @@ def _all_gather_matmul_kernel(
 
 
 def all_gather_matmul(
-    out: torch.Tensor,
-    a_shard: torch.Tensor,
-    b: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    gather_dim: int = 0,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
+    out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+    gather_dim: int = 0, group=None, async_op: bool = False, config: Config | None = None,
     workspace: Workspace | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """``out = all_gather(a_shard, gather_dim) @ b + bias`` over the ranks of ``group``.
 
     Shapes (G: the group's size; A is the gathered matrix, shards in group-rank order):

@@ -66,16 +66,10 @@ def _matmul_all_gather_kernel(
 
 
 def matmul_all_gather(
-    out: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+    group=None, async_op: bool = False, config: Config | None = None,
     workspace: Workspace | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """``out = all_gather(a @ b + bias)`` along M, over the ranks of ``group``.
 
     Shapes (G: the group's size): ``a`` is this rank's ``(M, K)``, ``b`` its ``(K, N)`` (it may
@@ -93,10 +87,8 @@ def matmul_all_gather(
     spanning ``group``; any other ``out`` is written through the workspace and copied.
     """
     op = "matmul_all_gather"
-    _host.check_operands(op, out, a, b, bias)
-    ranks, index = _host.group_position(group)
+    ranks, index, m, k, n = _host.check_call(op, out, a, b, bias, group)
     size = len(ranks)
-    m, k, n = _host.matmul_dims(op, a, b)
     _host.check_shape(op, out, (size * m, n), "group size x a's rows, b's columns")
     _host.check_bias(op, bias, n)
     cfg = _host.resolve(m, n, a, config)

@@ -34,16 +34,10 @@ def choose_split(m: int, n: int, size: int, cfg: Config) -> bool:
 
 
 def matmul_all_reduce(
-    out: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+    group=None, async_op: bool = False, config: Config | None = None,
     workspace: Workspace | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """``out = all_reduce(a @ b) + bias`` over the ranks of ``group``, in one kernel.
 
     Shapes: ``a`` is this rank's ``(M, K)`` (its slice of the K dimension), ``b`` its
@@ -63,9 +57,7 @@ def matmul_all_reduce(
     spanning ``group``; any other ``out`` is written through the workspace and copied.
     """
     op = "matmul_all_reduce"
-    _host.check_operands(op, out, a, b, bias)
-    ranks, index = _host.group_position(group)
-    m, _, n = _host.matmul_dims(op, a, b)
+    ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)
     _host.check_shape(op, out, (m, n), "a's rows, b's columns")
     _host.check_bias(op, bias, n)
     size = len(ranks)

@@ -19,17 +19,10 @@ from .workspace import Workspace
 
 
 def matmul_reduce_scatter(
-    out: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    scatter_dim: int = 0,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+    scatter_dim: int = 0, group=None, async_op: bool = False, config: Config | None = None,
     workspace: Workspace | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """``out = reduce_scatter(a @ b, scatter_dim) + bias`` over the ranks of ``group``.
 
     Shapes (G: the group's size): ``a`` is this rank's ``(M, K)``, ``b`` its ``(K, N)``.
@@ -50,9 +43,7 @@ def matmul_reduce_scatter(
     heap when ``out`` is on a symmetric heap spanning ``group``.
     """
     op = "matmul_reduce_scatter"
-    _host.check_operands(op, out, a, b, bias)
-    ranks, index = _host.group_position(group)
-    m, _, n = _host.matmul_dims(op, a, b)
+    ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)
     if scatter_dim not in (0, 1) or isinstance(scatter_dim, bool):
         raise ValueError(f"{op}: scatter_dim must be 0 (rows) or 1 (columns), got {scatter_dim!r}")
     size = len(ranks)
