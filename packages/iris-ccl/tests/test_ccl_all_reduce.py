@@ -450,12 +450,12 @@ def chunked_body(rank, world_size):
     Config.chunk_elements splitting on heap tensors: every launch boundary must be right."""
     setup_rank()
     import iris.ccl as ccl
-    import iris.ccl._comm as comm
+    import iris.ccl.settings
     import iris.mem
 
     bad: list[str] = []
     cases = 0
-    staging = comm.staging_bytes("cuda" if device().type == "cuda" else "cpu")
+    staging = iris.ccl.settings.staging_bytes(iris.mem.capabilities(device()))
     if staging != STAGING:
         bad.append(f"IRIS_CCL_STAGING_BYTES did not take effect: {staging}")
     n = STAGING // 4 + 1003  # more elements than the staging buffer holds, even for int32

@@ -69,7 +69,9 @@ EXTRA_PROFILES = {
         {"dtype": "fp32", "GROUP": 3, "ME": 2, "RANK": 3, "OP": "max"},
     ),
     # the rooted collectives' kernel: the tile collective the profiles do not pick
-    "iris.ccl._rooted._rooted_kernel": ({"KIND": "gather"}, {"dtype": "i64", "KIND": "reduce", "OP": "min", "ACC_FP32": False}),
+    "iris.ccl._rooted._rooted_kernel": (
+        {"KIND": "gather"}, {"dtype": "i64", "KIND": "reduce", "OP": "min", "ACC_FP32": False},
+    ),
 }  # fmt: skip
 #: Pointers to the collective's data: the profile's dtype.
 DATA_POINTERS = {
@@ -92,18 +94,21 @@ PROFILES = [
         "RANK": 1, "WORLD": 4, "GROUP": 2, "ME": 1, "BLOCK": 1024, "OP": "sum", "ACC_FP32": True,
         "LOCKED": False, "ROOT": 1, "SRC": 0, "DST": 1,
         "HINT": 16, "ALIASED": False, "MODE": "all_reduce", "PDL": True, "KIND": "broadcast",
+        "PUSH": True,
     },
     {
         "dtype": "bf16",
         "RANK": 3, "WORLD": 4, "GROUP": 3, "ME": 2, "BLOCK": 512, "OP": "avg", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 2, "SRC": 1, "DST": 0,
         "HINT": None, "ALIASED": True, "MODE": "all_to_all", "PDL": False, "KIND": "reduce",
+        "PUSH": False,
     },
     {
         "dtype": "fp32",
         "RANK": 0, "WORLD": 3, "GROUP": 3, "ME": 0, "BLOCK": 256, "OP": "max", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 0, "SRC": 2, "DST": 2,
         "HINT": 16, "ALIASED": False, "MODE": "reduce_scatter", "PDL": True, "KIND": "scatter",
+        "PUSH": True,
     },
 ]  # fmt: skip
 ALIGNED = [["tt.divisibility", 16]]

@@ -35,10 +35,11 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _host, _ll
-from .config import Config
+from . import _host
+from ._plan import Plan
 from .triton import Group, tiles
 from .triton.sync import advance_launch_counter, enter_launch
+from .variants import Variant
 
 #: Bytes before the boxes in the staging buffer: the launch counter.
 _HEADER = 256
@@ -91,28 +92,20 @@ def _boxed_kernel(
     advance_launch_counter(launches, _LAUNCH_UNIT)  # this launch's 2**20 (module docstring)
 
 
-def run(
-    mode: str,
-    comm,
-    cfg: Config,
-    src_all: torch.Tensor,
-    dst_all: torch.Tensor,
-    per_member: int,
-    op: str = "sum",
-) -> None:
-    """Run ``mode`` over ``per_member`` elements per member: ``src_all`` and ``dst_all`` are
-    flat, contiguous and may be any tensors (``dst_all`` may be ``src_all`` for an
-    all-reduce). Reductions: ``op`` is the ReduceOp value."""
+def run(plan: Plan) -> None:
+    """Run ``plan`` over ``plan.count`` elements per member: ``plan.src`` and ``plan.dst`` are
+    flat, contiguous and may be any tensors (``dst`` may be ``src`` for an all-reduce)."""
+    comm, cfg, src_all, dst_all, mode = plan.comm, plan.cfg, plan.src, plan.dst, plan.collective
     itemsize = src_all.element_size()
     buf = comm.staging("push", 0, zero=True)
     launches = buf[:8].view(torch.int32)
     # Two banks of G boxes, each a multiple of 64 elements so every box is 16-byte aligned.
     box_stride = (buf.numel() - _HEADER) // (2 * comm.size * itemsize) // 64 * 64
     boxes = buf[_HEADER : _HEADER + 2 * comm.size * box_stride * itemsize].view(src_all.dtype)
-    src_stride = per_member if mode in ("reduce_scatter", "all_to_all") else 0
-    dst_stride = per_member if mode in ("all_gather", "all_to_all") else 0
-    meta = {"MODE": mode, "OP": op, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
-    for start, length in _host.chunks(per_member, min(box_stride, cfg.chunk_elements or box_stride)):
+    src_stride = plan.count if mode in ("reduce_scatter", "all_to_all") else 0
+    dst_stride = plan.count if mode in ("all_gather", "all_to_all") else 0
+    meta = {"MODE": mode, "OP": plan.op_value, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
+    for start, length in _host.chunks(plan.count, min(box_stride, cfg.chunk_elements or box_stride)):
         src, dst = src_all[start:], dst_all[start:]
         strides = (src_stride * itemsize, dst_stride * itemsize, box_stride * itemsize)
         meta["HINT"] = _host.vector_hint((src, dst, boxes), strides)
@@ -122,7 +115,4 @@ def run(
         )  # fmt: skip
 
 
-def run_boxes(mode: str, comm, cfg: Config, src_all, dst_all, per_member: int, op: str = "sum") -> None:
-    """:func:`run` for ``boxed``, :func:`iris.ccl._ll.run` for ``ll``
-    (``cfg.variant``, one of ``BOX_VARIANTS``); the same arguments."""
-    (run if cfg.variant == "boxed" else _ll.run)(mode, comm, cfg, src_all, dst_all, per_member, op)
+REGISTERED = tuple(Variant(collective=mode, name="boxed", run=run, staged=True) for mode in MODES)

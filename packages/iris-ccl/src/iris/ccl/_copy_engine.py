@@ -43,6 +43,7 @@ import triton.language as tl
 from iris.mem.triton import Context
 
 from . import _host
+from ._plan import Plan
 from .config import Config
 from .triton import Group, tiles
 
@@ -170,13 +171,12 @@ def all_reduce(comm, cfg: Config, src: torch.Tensor, dst: torch.Tensor, op: str)
     return chunk * size
 
 
-def scatter_copies(
-    comm, cfg: Config, src: torch.Tensor, dst: torch.Tensor, per_member: int, chunked: bool
-) -> None:
-    """all_gather (``chunked`` False: every member gets all of ``src``) or all_to_all
-    (``chunked``: member ``j`` gets chunk ``j`` of ``src``): the data lands in member
-    ``j``'s ``dst`` at chunk ``ME``; ``dst`` is flat on the heap, ``src`` any flat tensor on
-    the same device (in all_gather it may be the own chunk of ``dst``)."""
+def scatter_copies(plan: Plan, chunked: bool) -> None:
+    """all_gather (``chunked`` False: every member gets all of ``plan.src``) or all_to_all
+    (``chunked``: member ``j`` gets chunk ``j`` of ``plan.src``): the data lands in member
+    ``j``'s ``plan.dst`` at chunk ``ME``; ``dst`` is flat on the heap, ``src`` any flat tensor
+    on the same device (in all_gather it may be the own chunk of ``dst``)."""
+    comm, cfg, src, dst, per_member = plan.comm, plan.cfg, plan.src, plan.dst, plan.count
     size, me = comm.size, comm.index
     _barrier(comm, cfg, 0)
     streams = _Streams(comm)  # forked after the start barrier

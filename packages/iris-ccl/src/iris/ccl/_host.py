@@ -16,7 +16,7 @@ from iris.mem import runtime
 from iris.mem.log import get_logger
 
 from . import _comm
-from .config import BOX_VARIANTS, Config, check_config, select
+from .config import Config, check_config, select
 from .reduce_op import ReduceOp, check_dtype, check_op
 from .settings import pdl_enabled, staging_bytes
 from .work import Work
@@ -121,7 +121,24 @@ def setup(
     root: int | None = None,
 ) -> tuple[_comm.Communicator, bool, Config]:
     """The communicator to run on, whether the tensors are used in place (else they are
-    staged through iris.ccl's own heap), and the resolved config. ``stage`` forces staging.
+    staged through iris.ccl's own heap), and the resolved config (:func:`resolve`, then
+    :func:`place`). ``stage`` forces staging."""
+    cfg = resolve(collective, tensors, group, config, nbytes, op=op, root=root)
+    comm, in_place = place(collective, tensors, group, cfg, nbytes, stage)
+    return comm, in_place, cfg
+
+
+def resolve(
+    collective: str,
+    tensors: list[torch.Tensor],
+    group,
+    config: Config | None,
+    nbytes: int,
+    *,
+    op: ReduceOp | None = None,
+    root: int | None = None,
+) -> Config:
+    """The config to run ``collective`` on ``nbytes`` with (:func:`iris.ccl.config.select`).
 
     ``tensors`` are the tensors every rank passes; with ``op`` (reductions) and ``root``
     (rooted collectives, a global rank) they make the call's signature, compared across
@@ -141,14 +158,22 @@ def setup(
         # programs from the tuning table, maybe measured on a GPU with more SMs: never more
         # than this one keeps resident (a program waiting on a twin that is not scheduled hangs)
         cfg = dataclasses.replace(cfg, programs=min(cfg.programs, caps.resident_programs))
-    # boxed and ll stage through iris.ccl's own heap: they never spend the caller's heap.
-    comm = None if stage or cfg.variant in BOX_VARIANTS else _comm.in_place(tensors, group)
+    return cfg
+
+
+def place(
+    collective: str, tensors: list[torch.Tensor], group, cfg: Config, nbytes: int, stage: bool
+) -> tuple[_comm.Communicator, bool]:
+    """The communicator to run on and whether ``tensors`` are used in place: on the heap
+    holding them when it spans ``group`` (see :func:`iris.ccl._comm.in_place`) unless
+    ``stage``, else on iris.ccl's own heap for the group."""
+    comm = None if stage else _comm.in_place(tensors, group)
     in_place = comm is not None
     if comm is None:
         comm = _comm.own(group, tensors[0].device)
     if _log.isEnabledFor(logging.DEBUG):
         _log.debug("%s: %d bytes, %s, %s", collective, nbytes, "in place" if in_place else "staged", cfg)
-    return comm, in_place, cfg
+    return comm, in_place
 
 
 def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **meta) -> None:
@@ -254,6 +279,8 @@ __all__ = [
     "max_elements",
     "overlaps",
     "persistent_grid",
-    "vector_hint",
+    "place",
+    "resolve",
     "setup",
+    "vector_hint",
 ]

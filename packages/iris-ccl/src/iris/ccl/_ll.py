@@ -44,9 +44,10 @@ from iris.mem.triton import Context
 from iris.mem.utils import global_timer
 
 from . import _host
-from .config import Config
+from ._plan import Plan
 from .triton import Group
 from .triton.sync import advance_launch_counter, combine, enter_launch, record_timeout
+from .variants import Variant
 
 #: Bytes before the boxes in the staging buffer: the launch counter.
 _HEADER = 256
@@ -200,19 +201,11 @@ def _ll_kernel(
     advance_launch_counter(launches, _LAUNCH_UNIT)  # this launch's 2**20 (module docstring)
 
 
-def run(
-    mode: str,
-    comm,
-    cfg: Config,
-    src_all: torch.Tensor,
-    dst_all: torch.Tensor,
-    per_member: int,
-    op: str = "sum",
-) -> None:
-    """Run ``mode`` over ``per_member`` elements per member: ``src_all`` and ``dst_all`` are
-    flat, contiguous and may be any tensors (``dst_all`` may be ``src_all`` for an
-    all-reduce). Reductions: ``op`` is the ReduceOp value. ``cfg.block_size`` is the tile
-    in 8-byte words."""
+def run(plan: Plan) -> None:
+    """Run ``plan`` over ``plan.count`` elements per member: ``plan.src`` and ``plan.dst`` are
+    flat, contiguous and may be any tensors (``dst`` may be ``src`` for an all-reduce).
+    ``cfg.block_size`` is the tile in 8-byte words."""
+    comm, cfg, src_all, dst_all, mode = plan.comm, plan.cfg, plan.src, plan.dst, plan.collective
     itemsize = src_all.element_size()
     region = comm.staging("ll", 0, zero=True)
     launches = region[:8].view(torch.int64)
@@ -233,16 +226,22 @@ def run(
     per_tile = block * 4 // itemsize  # elements per tile
     box_stride = capacity // block * block
     boxes = region[_HEADER : _HEADER + 2 * comm.size * box_stride * 8].view(torch.int64)
-    src_stride = per_member if mode in ("reduce_scatter", "all_to_all") else 0
-    dst_stride = per_member if mode in ("all_gather", "all_to_all") else 0
-    meta = {"MODE": mode, "OP": op, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
+    src_stride = plan.count if mode in ("reduce_scatter", "all_to_all") else 0
+    dst_stride = plan.count if mode in ("all_gather", "all_to_all") else 0
+    meta = {"MODE": mode, "OP": plan.op_value, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
     per_launch = box_stride // block * per_tile
     if cfg.chunk_elements:
         per_launch = min(per_launch, max(cfg.chunk_elements // per_tile, 1) * per_tile)
-    for start, length in _host.chunks(per_member, per_launch):
+    for start, length in _host.chunks(plan.count, per_launch):
         src, dst = src_all[start:], dst_all[start:]
         grid = _host.persistent_grid(comm, cfg, _host.cdiv(length, per_tile) * block)
         _host.launch(
             _ll_kernel, grid, comm, cfg, src, dst, boxes, launches, length, src_stride, dst_stride,
             box_stride, **meta,
         )  # fmt: skip
+
+
+REGISTERED = tuple(
+    Variant(collective=mode, name="ll", run=run, staged=True)
+    for mode in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+)

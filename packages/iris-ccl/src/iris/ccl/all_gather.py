@@ -28,7 +28,7 @@ split into the same sub-range of every rank's chunk per launch.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import torch
 import triton
@@ -36,10 +36,12 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _copy_engine, _host
-from .config import BOX_VARIANTS, Config
+from . import _copy_engine, _host, _plan
+from ._plan import Plan
+from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
 from .triton import Group, tiles
+from .variants import Variant
 from .work import Work
 
 
@@ -87,17 +89,58 @@ def _pull_kernel(
     group.sync(ctx, pid, False)  # only loads went remote, their values already used
 
 
-_KERNELS = {"push": _push_kernel, "pull": _pull_kernel, "gluon": _gluon_push_kernel}
+def _exchange(plan: Plan, kernel, push: bool) -> None:
+    """``push`` and ``gluon`` (``push``: members store into the outputs) or ``pull``
+    (members load from the inputs) with ``kernel``."""
+    comm, cfg, src_all, dst_all, n = plan.comm, plan.cfg, plan.src, plan.dst, plan.count
+    itemsize = src_all.element_size()
+    # in place, the input may be this member's chunk of the output (in-place all-gather)
+    aliased = src_all.data_ptr() == dst_all.data_ptr() + comm.index * n * itemsize
+    # Staged, one launch covers `length` elements of every member's chunk in the staging
+    # buffer (push: size * length outputs; pull: length inputs).
+    for start, length in plan.launches(itemsize * comm.size):
+        src = src_all[start : start + length]
+        extra = () if push else (0,)  # pull: where each member's input is (see tiles.all_gather_pull)
+        if plan.in_place:
+            ksrc, kdst, stride = src, dst_all[start:], n
+            if aliased and not push:  # every member's input is its own chunk of its output
+                ksrc, extra = dst_all[start:], (n,)
+        elif push:  # the input is read locally only; members push into the staged output
+            ksrc, stride = src, length
+            kdst = comm.staging("out", comm.size * length * itemsize)[: comm.size * length * itemsize]
+            kdst = kdst.view(src_all.dtype)
+        else:  # members pull from the staged input; the output is written locally
+            ksrc, kdst, stride = comm.staged_copy("in", src), dst_all[start:], n
+        grid = _host.persistent_grid(comm, cfg, length)
+        strides = (stride * itemsize, *(e * itemsize for e in extra))
+        hint = _host.vector_hint((ksrc, kdst), strides)
+        _host.launch(kernel, grid, comm, cfg, ksrc, kdst, length, stride, *extra, HINT=hint)
+        if not plan.in_place and push:
+            dst_all.view(comm.size, n)[:, start : start + length].copy_(kdst.view(comm.size, length))
+
+
+_variant = functools.partial(Variant, collective="all_gather")
+_ON_HEAP = {"in_place": True, "fallback": "push"}
+REGISTERED = (
+    _variant(name="push", run=functools.partial(_exchange, kernel=_push_kernel, push=True), default=True),
+    _variant(name="pull", run=functools.partial(_exchange, kernel=_pull_kernel, push=False)),
+    _variant(
+        name="gluon",
+        run=functools.partial(_exchange, kernel=_gluon_push_kernel, push=True),
+        compiled_only="Gluon kernels compile for NVIDIA GPUs only and do not run in Triton's interpreter "
+        "(the cpu backend)",
+    ),
+    # the copies need the output on the heap
+    _variant(
+        name="copy_engine", run=functools.partial(_copy_engine.scatter_copies, chunked=False), **_ON_HEAP
+    ),
+)
 
 
 def all_gather(
-    out: torch.Tensor,
-    inp: torch.Tensor,
-    *,
-    group=None,
-    async_op: bool = False,
+    out: torch.Tensor, inp: torch.Tensor, *, group=None, async_op: bool = False,
     config: Config | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """Gather ``inp`` from every rank of ``group`` into ``out`` on every rank.
 
     :param out: result with ``G * inp.numel()`` elements (G: the group's size), same dtype
@@ -113,57 +156,11 @@ def all_gather(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers.
     """
-    _host.check_tensor(out, "out")
-    _host.check_tensor(inp, "inp")
-    size, index = _host.group_position(group)
-    _host.check_pair(out, inp, "all_gather", size * inp.numel())
-    n = inp.numel()
-    itemsize = inp.element_size()
-    src_all, dst_all = _host.contiguous_pair(inp, out)
+    _, index = _plan.validate("all_gather", out, inp, group, config, lambda size: size * inp.numel())
+    own_chunk = index * inp.numel() * inp.element_size()
     # An input overlapping the output anywhere but at this rank's chunk would be overwritten
     # while still needed: gather from a copy of it.
-    stage = False
-    aliased = src_all.data_ptr() == dst_all.data_ptr() + index * n * itemsize and n > 0
-    if _host.overlaps(src_all, dst_all) and not aliased:
-        src_all, stage = src_all.clone(), True
-    comm, in_place, cfg = _host.setup("all_gather", [out, inp], group, config, size * n * itemsize, stage)
-    if n == 0:
-        return _host.finish(comm, async_op)
-    if comm.size == 1:
-        dst_all.copy_(src_all)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
-        cfg = dataclasses.replace(cfg, variant="push")
-    if cfg.variant in BOX_VARIANTS + ("copy_engine",):
-        if cfg.variant in BOX_VARIANTS:
-            _boxed.run_boxes("all_gather", comm, cfg, src_all, dst_all, n)
-        else:
-            _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, n, chunked=False)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    push = cfg.variant != "pull"  # gluon pushes too
-    # Staged, one launch covers `length` elements of every member's chunk in the staging
-    # buffer (push: size * length outputs; pull: length inputs).
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
-    for start, length in _host.chunks(n, per_launch):
-        src = src_all[start : start + length]
-        extra = () if push else (0,)  # pull: where each member's input is (see tiles.all_gather_pull)
-        if in_place:
-            ksrc, kdst, stride = src, dst_all[start:], n
-            if aliased and not push:  # every member's input is its own chunk of its output
-                ksrc, extra = dst_all[start:], (n,)
-        elif push:  # the input is read locally only; members push into the staged output
-            ksrc, stride = src, length
-            kdst = comm.staging("out", comm.size * length * itemsize)[: comm.size * length * itemsize]
-            kdst = kdst.view(inp.dtype)
-        else:  # members pull from the staged input; the output is written locally
-            ksrc, kdst, stride = comm.staged_copy("in", src), dst_all[start:], n
-        grid = _host.persistent_grid(comm, cfg, length)
-        strides = (stride * itemsize, *(e * itemsize for e in extra))
-        hint = _host.vector_hint((ksrc, kdst), strides)
-        _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, stride, *extra, HINT=hint)
-        if not in_place and push:
-            dst_all.view(comm.size, n)[:, start : start + length].copy_(kdst.view(comm.size, length))
-    _host.copy_back(out, dst_all)
-    return _host.finish(comm, async_op)
+    return _plan.run(
+        "all_gather", out, inp, inp.numel(), group=group, config=config, async_op=async_op,
+        overlap_ok=lambda src, dst: src.data_ptr() == dst.data_ptr() + own_chunk,
+    )  # fmt: skip

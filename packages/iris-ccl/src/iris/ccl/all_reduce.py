@@ -38,6 +38,7 @@ fp32 accumulator in the workspace).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -45,10 +46,12 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _comm, _copy_engine, _host
-from .config import BOX_VARIANTS, Config
+from . import _boxed, _comm, _copy_engine, _host, _plan
+from ._plan import Plan
+from .config import Config
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
+from .variants import Variant
 from .work import Work
 
 # Every collective kernel takes the communicator's leading arguments (context tensor,
@@ -159,28 +162,6 @@ def _two_shot_push_kernel(
     group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
 
 
-def _two_shot_push(comm, cfg: Config, src_all, dst_all, in_place: bool, rop: ReduceOp, group) -> None:
-    """Host side of ``two_shot_push``: the largest multiple of ``16 G`` elements through the
-    kernel (chunks of whole 16-element vectors), the few elements left through ``boxed``."""
-    n, size = src_all.numel(), comm.size
-    unit = 16 * size
-    main = n - n % unit
-    meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
-    per_launch = max(_host.max_elements(cfg, 8, not in_place, comm) // unit * unit, unit)
-    for start, length in _host.chunks(main, per_launch):
-        src, dst = src_all[start : start + length], dst_all[start : start + length]
-        kdst = dst if in_place else comm.staging_like("out", dst)  # peers write it: on the heap
-        chunk = length // size
-        meta["HINT"] = _host.vector_hint((src, kdst), (chunk * src.element_size(),))
-        grid = _host.persistent_grid(comm, cfg, chunk)
-        _host.launch(_two_shot_push_kernel, grid, comm, cfg, src, kdst, length, chunk, **meta)
-        if kdst is not dst:
-            dst.copy_(kdst)
-    if main < n:
-        own = _comm.own(group, dst_all.device)
-        _boxed.run("all_reduce", own, cfg, src_all[main:], dst_all[main:], n - main, rop.value)
-
-
 @triton.jit
 def _ring_kernel(
     context, members, flags, epochs, status, budget, src, part, dst, n,
@@ -218,18 +199,122 @@ def _atomic_kernel(
         t += programs
 
 
-_KERNELS = {"one_shot": _one_shot_kernel, "two_shot": _two_shot_kernel, "ring": _ring_kernel}
+def _pieces(plan: Plan):
+    """``(src, dst)`` slices of each launch (8 bytes per element: fp32 partial sums of half
+    types in the staging buffers)."""
+    for start, length in plan.launches(8):
+        yield plan.src[start : start + length], plan.dst[start : start + length]
+
+
+def _reduction(plan: Plan) -> dict:
+    return {"OP": plan.op_value, "ACC_FP32": _host.acc_fp32(plan.src.dtype)}
+
+
+def _tiled(plan: Plan, launch, local_output: bool = False) -> None:
+    """``launch(plan, src, dst)`` per launch: on the caller's tensors in place, else on
+    copies in the staging buffers (``local_output``: the kernel writes its output only
+    locally, so that may be any tensor)."""
+    for src, dst in _pieces(plan):
+        ksrc = src if plan.in_place else plan.comm.staged_copy("in", src)
+        kdst = dst if plan.in_place or local_output else plan.comm.staging_like("out", dst)
+        launch(plan, ksrc, kdst)
+        if kdst is not dst:
+            dst.copy_(kdst)
+
+
+def _one_shot(plan: Plan, src: torch.Tensor, dst: torch.Tensor) -> None:
+    meta = {**_reduction(plan), "HINT": _host.vector_hint((src, dst)), "ALIASED": _host.overlaps(src, dst)}
+    grid = _host.persistent_grid(plan.comm, plan.cfg, dst.numel())
+    _host.launch(_one_shot_kernel, grid, plan.comm, plan.cfg, src, dst, dst.numel(), **meta)
+
+
+def _two_shot(plan: Plan, src: torch.Tensor, dst: torch.Tensor) -> None:
+    # each member works on its own 1/G of the tiles
+    grid = _host.persistent_grid(plan.comm, plan.cfg, _host.cdiv(dst.numel(), plan.comm.size))
+    hint = _host.vector_hint((src, dst))
+    _host.launch(
+        _two_shot_kernel, grid, plan.comm, plan.cfg, src, dst, dst.numel(), HINT=hint, **_reduction(plan)
+    )
+
+
+def _ring(plan: Plan, src: torch.Tensor, dst: torch.Tensor) -> None:
+    # partial sums: dst itself, or an fp32 buffer for half types
+    part = plan.comm.staging_like("acc", dst, dtype=torch.float32) if _widens(dst.dtype) else dst
+    grid = _host.persistent_grid(plan.comm, plan.cfg, _host.cdiv(dst.numel(), plan.comm.size))
+    _host.launch(_ring_kernel, grid, plan.comm, plan.cfg, src, part, dst, dst.numel(), **_reduction(plan))
+
+
+def _widens(dtype: torch.dtype) -> bool:
+    """Whether partial sums of ``dtype`` need a wider type (fp32 for half types)."""
+    return _host.acc_dtype(dtype) != dtype
+
+
+def _atomic(plan: Plan, locked: bool) -> None:
+    """``atomic`` and ``spinlock``: every member adds its input into every member's
+    accumulator in the workspace; the input is read locally only."""
+    comm, cfg = plan.comm, plan.cfg
+    for src, dst in _pieces(plan):
+        acc = comm.staging_like("acc", dst, dtype=_host.acc_dtype(dst.dtype))
+        grid = _host.persistent_grid(comm, cfg, dst.numel())
+        locks = comm.staging("locks", grid * 4, zero=True).view(torch.int32)
+        _host.launch(_atomic_kernel, grid, comm, cfg, src, acc, locks, dst.numel(), LOCKED=locked)
+        dst.copy_(acc / comm.size if plan.op is ReduceOp.AVG else acc)
+
+
+def _two_shot_push(plan: Plan) -> None:
+    """The largest multiple of ``16 G`` elements through the kernel (chunks of whole
+    16-element vectors), the few elements left through ``boxed``."""
+    comm, cfg, size = plan.comm, plan.cfg, plan.comm.size
+    unit = 16 * size
+    main = plan.count - plan.count % unit
+    meta = _reduction(plan)
+    per_launch = max(_host.max_elements(cfg, 8, not plan.in_place, comm) // unit * unit, unit)
+    for start, length in _host.chunks(main, per_launch):
+        src, dst = plan.src[start : start + length], plan.dst[start : start + length]
+        kdst = dst if plan.in_place else comm.staging_like("out", dst)  # peers write it: on the heap
+        chunk = length // size
+        meta["HINT"] = _host.vector_hint((src, kdst), (chunk * src.element_size(),))
+        grid = _host.persistent_grid(comm, cfg, chunk)
+        _host.launch(_two_shot_push_kernel, grid, comm, cfg, src, kdst, length, chunk, **meta)
+        if kdst is not dst:
+            dst.copy_(kdst)
+    _boxed_rest(plan, main)
+
+
+def _copy_engine_run(plan: Plan) -> None:
+    done = _copy_engine.all_reduce(plan.comm, plan.cfg, plan.src, plan.dst, plan.op_value)
+    _boxed_rest(plan, done)  # fewer than G elements: not worth the copy engines
+
+
+def _boxed_rest(plan: Plan, done: int) -> None:
+    """The elements from ``done`` on through ``boxed`` on iris.ccl's own heap."""
+    if done < plan.count:
+        comm = _comm.own(plan.group, plan.dst.device)
+        rest = {"src": plan.src[done:], "dst": plan.dst[done:], "count": plan.count - done}
+        _boxed.run(dataclasses.replace(plan, comm=comm, in_place=False, **rest))
+
+
+_variant = functools.partial(Variant, collective="all_reduce")
+_SUM_AVG = {"ops": (ReduceOp.SUM, ReduceOp.AVG), "other_ops": "use one_shot, two_shot or ring"}
+REGISTERED = (
+    _variant(name="one_shot", run=functools.partial(_tiled, launch=_one_shot, local_output=True)),
+    _variant(name="two_shot", run=functools.partial(_tiled, launch=_two_shot), default=True),
+    # peers use the output as scratch while the input is still being read
+    _variant(name="two_shot_push", run=_two_shot_push, disjoint=True, fallback="two_shot"),
+    # the copies need the output on the heap; staging would add a local pass each way
+    _variant(name="copy_engine", run=_copy_engine_run, in_place=True, disjoint=True, fallback="two_shot"),
+    # ring keeps partial sums of half types in an fp32 workspace
+    _variant(name="ring", run=functools.partial(_tiled, launch=_ring), workspace=_widens),
+    # atomic and spinlock accumulate in a workspace of their own
+    _variant(name="atomic", run=functools.partial(_atomic, locked=False), workspace=True, **_SUM_AVG),
+    _variant(name="spinlock", run=functools.partial(_atomic, locked=True), workspace=True, **_SUM_AVG),
+)
 
 
 def all_reduce(
-    out: torch.Tensor,
-    inp: torch.Tensor,
-    *,
-    op: ReduceOp | str = ReduceOp.SUM,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
-) -> Work | None:
+    out: torch.Tensor, inp: torch.Tensor, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
+    async_op: bool = False, config: Config | None = None,
+) -> Work | None:  # fmt: skip
     """Reduce ``inp`` over the ranks of ``group`` into ``out`` on every rank.
 
     :param out: result, same shape, dtype and device as ``inp``; may be ``inp``.
@@ -242,84 +327,11 @@ def all_reduce(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers (one extra local copy each way).
     """
-    _host.check_tensor(out, "out")
-    _host.check_tensor(inp, "inp")
-    _host.check_config(config)
-    _host.check_pair(out, inp, "all_reduce", inp.numel())
+    _plan.validate("all_reduce", out, inp, group, config, lambda size: inp.numel())
     if out.shape != inp.shape:
         raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")
-    rop = ReduceOp.parse(op)
-    _host.check_op(rop, inp.dtype)
-    n = inp.numel()
-    variant = (config or Config()).variant
-    # atomic and spinlock accumulate in a workspace of their own, and so does ring for
-    # types whose partial sums need a wider type (fp32 for half types).
-    wide = _host.acc_dtype(inp.dtype) != inp.dtype
-    stage = variant in ("atomic", "spinlock") or (variant == "ring" and wide)
-    comm, in_place, cfg = _host.setup(
-        "all_reduce", [out, inp], group, config, n * inp.element_size(), stage, op=rop
-    )
-    if cfg.variant in ("atomic", "spinlock") and rop not in (ReduceOp.SUM, ReduceOp.AVG):
-        raise ValueError(
-            f"all_reduce variant {cfg.variant!r} supports SUM and AVG only; use one_shot, two_shot or ring"
-        )
-    if n == 0:
-        return _host.finish(comm, async_op)
-    src_all, dst_all = _host.contiguous_pair(inp, out)
-    if comm.size == 1:
-        dst_all.copy_(src_all)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    if cfg.variant in ("two_shot_push", "copy_engine") and _host.overlaps(src_all, dst_all):
-        # its peers use the output as scratch while the input is still being read
-        cfg = dataclasses.replace(cfg, variant="two_shot")
-    if cfg.variant == "copy_engine" and not in_place:
-        # the copies need the output on the heap; staging would add a local pass each way
-        cfg = dataclasses.replace(cfg, variant="two_shot")
-    if cfg.variant == "copy_engine":
-        done = _copy_engine.all_reduce(comm, cfg, src_all, dst_all, rop.value)
-        if done < n:  # fewer than G elements: not worth the copy engines
-            own = _comm.own(group, dst_all.device)
-            _boxed.run("all_reduce", own, cfg, src_all[done:], dst_all[done:], n - done, rop.value)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    if cfg.variant in BOX_VARIANTS + ("two_shot_push",):
-        if cfg.variant in BOX_VARIANTS:
-            _boxed.run_boxes("all_reduce", comm, cfg, src_all, dst_all, n, rop.value)
-        else:
-            _two_shot_push(comm, cfg, src_all, dst_all, in_place, rop, group)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    ring = cfg.variant == "ring"
-    per_launch = _host.max_elements(cfg, 8, not in_place, comm)
-    for start, length in _host.chunks(n, per_launch):
-        src, dst = src_all[start : start + length], dst_all[start : start + length]
-        if cfg.variant in _KERNELS:
-            ksrc = src if in_place else comm.staged_copy("in", src)
-            # one_shot writes only locally, so its output may be any tensor.
-            kdst = dst if in_place or cfg.variant == "one_shot" else comm.staging_like("out", dst)
-            bufs = (ksrc, kdst)
-            meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
-            if ring:  # partial sums: kdst itself, or an fp32 buffer for half types
-                bufs = (ksrc, comm.staging_like("acc", dst, dtype=torch.float32) if wide else kdst, kdst)
-                grid = _host.persistent_grid(comm, cfg, _host.cdiv(length, comm.size))
-            else:
-                # two_shot: each member works on its own 1/G of the tiles
-                owned = _host.cdiv(length, comm.size) if cfg.variant == "two_shot" else length
-                grid = _host.persistent_grid(comm, cfg, owned)
-                meta["HINT"] = _host.vector_hint(bufs)
-                if cfg.variant == "one_shot":
-                    meta["ALIASED"] = _host.overlaps(ksrc, kdst)
-            _host.launch(_KERNELS[cfg.variant], grid, comm, cfg, *bufs, length, **meta)
-            if kdst is not dst:
-                dst.copy_(kdst)
-        else:
-            acc = comm.staging_like("acc", dst, dtype=_host.acc_dtype(dst.dtype))
-            grid = _host.persistent_grid(comm, cfg, length)
-            locks = comm.staging("locks", grid * 4, zero=True).view(torch.int32)
-            _host.launch(
-                _atomic_kernel, grid, comm, cfg, src, acc, locks, length, LOCKED=cfg.variant == "spinlock",
-            )  # fmt: skip
-            dst.copy_(acc / comm.size if rop is ReduceOp.AVG else acc)
-    _host.copy_back(out, dst_all)
-    return _host.finish(comm, async_op)
+    # every variant takes an output overlapping the input (out is inp, say) or falls back
+    return _plan.run(
+        "all_reduce", out, inp, inp.numel(), group=group, config=config, async_op=async_op, op=op,
+        overlap_ok=lambda src, dst: True,
+    )  # fmt: skip

@@ -26,7 +26,7 @@ launch.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import torch
 import triton
@@ -34,20 +34,23 @@ import triton.language as tl
 
 from iris.mem.triton import Context
 
-from . import _boxed, _copy_engine, _host
-from .config import BOX_VARIANTS, Config
+from . import _copy_engine, _host, _plan
+from ._plan import Plan
+from .config import Config
 from .triton import Group, tiles
+from .variants import Variant
 from .work import Work
 
 
 @triton.jit
-def _push_kernel(
+def _exchange_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, src_per_rank, dst_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    HINT: tl.constexpr,
+    PUSH: tl.constexpr, HINT: tl.constexpr,
 ):  # fmt: skip
-    """Persistent: program ``p`` pushes tiles ``p, p + P, ...`` of every chunk between one
-    start and one end barrier."""
+    """Persistent: program ``p`` pushes (``PUSH``: stores remotely) or pulls (loads
+    remotely) tiles ``p, p + P, ...`` of every chunk between one start and one end barrier
+    (which orders the remote stores before it: a CTA barrier and a release)."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
     pid = tl.program_id(0)
@@ -56,47 +59,57 @@ def _push_kernel(
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.all_to_all_push(
-            ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
-        )
+        mask = offs < n
+        sp, dp = src_per_rank, dst_per_rank
+        if PUSH:
+            tiles.all_to_all_push(ctx, group, src, dst, offs, mask, sp, dp, pid, False, HINT)
+        else:
+            tiles.all_to_all_pull(ctx, group, src, dst, offs, mask, sp, dp, pid, False, HINT)
         t += tl.num_programs(0)
-    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
+    group.sync(ctx, pid)
 
 
-@triton.jit
-def _pull_kernel(
-    context, members, flags, epochs, status, budget, src, dst, n, src_per_rank, dst_per_rank,
-    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    HINT: tl.constexpr,
-):  # fmt: skip
-    """Persistent: program ``p`` pulls tiles ``p, p + P, ...`` of every chunk between one
-    start and one end barrier."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    group.sync(ctx, pid, False)
-    t = pid
-    ntiles = tl.cdiv(n, BLOCK)
-    while t < ntiles:
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.all_to_all_pull(
-            ctx, group, src, dst, offs, offs < n, src_per_rank, dst_per_rank, pid, False, HINT
-        )
-        t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only loads went remote, their values already used
+def _exchange(plan: Plan, push: bool) -> None:
+    """``push`` (members store chunk ``j`` into member ``j``'s output) or ``pull`` (members
+    load their chunk of every member's input)."""
+    comm, cfg, src_all, dst_all, m = plan.comm, plan.cfg, plan.src, plan.dst, plan.count
+    itemsize = src_all.element_size()
+    # Staged, one launch covers `length` elements of every chunk in the staging buffer.
+    nbytes_per = comm.size * itemsize
+    for start, length in plan.launches(itemsize * comm.size):
+        grid = _host.persistent_grid(comm, cfg, length)
+        ksrc, kdst, src_stride, dst_stride = src_all[start:], dst_all[start:], m, m
+        if not plan.in_place:
+            name = "out" if push else "in"
+            buf = comm.staging(name, nbytes_per * length)[: nbytes_per * length].view(src_all.dtype)
+            if push:  # members push into the staged output; the input is read locally
+                kdst, dst_stride = buf, length
+            else:  # members pull from the staged input; the output is written locally
+                buf.view(comm.size, length).copy_(src_all.view(comm.size, m)[:, start : start + length])
+                ksrc, src_stride = buf, length
+        hint = _host.vector_hint((ksrc, kdst), (src_stride * itemsize, dst_stride * itemsize))
+        strides = (src_stride, dst_stride)
+        _host.launch(_exchange_kernel, grid, comm, cfg, ksrc, kdst, length, *strides, PUSH=push, HINT=hint)
+        if not plan.in_place and push:
+            dst_all.view(comm.size, m)[:, start : start + length].copy_(kdst.view(comm.size, length))
 
 
-_KERNELS = {"push": _push_kernel, "pull": _pull_kernel}
+_variant = functools.partial(Variant, collective="all_to_all")
+_ON_HEAP = {"in_place": True, "fallback": "push"}
+REGISTERED = (
+    _variant(name="push", run=functools.partial(_exchange, push=True), default=True),
+    _variant(name="pull", run=functools.partial(_exchange, push=False)),
+    # the copies need the output on the heap
+    _variant(
+        name="copy_engine", run=functools.partial(_copy_engine.scatter_copies, chunked=True), **_ON_HEAP
+    ),
+)
 
 
 def all_to_all(
-    out: torch.Tensor,
-    inp: torch.Tensor,
-    *,
-    group=None,
-    async_op: bool = False,
+    out: torch.Tensor, inp: torch.Tensor, *, group=None, async_op: bool = False,
     config: Config | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """Exchange equal chunks of ``inp`` between the ranks of ``group``: chunk ``j`` (viewed
     flat) goes to rank ``j``, which receives the chunks of every rank in ``out`` in
     group-rank order.
@@ -113,57 +126,14 @@ def all_to_all(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers.
     """
-    _host.check_tensor(out, "out")
-    _host.check_tensor(inp, "inp")
-    size, _ = _host.group_position(group)
-    _host.check_pair(out, inp, "all_to_all", inp.numel())
+    size, _ = _plan.validate("all_to_all", out, inp, group, config, lambda size: inp.numel())
     if inp.numel() % size:
         raise ValueError(
             f"all_to_all: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group of "
             f"{size} ranks does not divide into equal chunks; pad inp (and out) to a multiple of {size}"
         )
-    m = inp.numel() // size
-    itemsize = inp.element_size()
-    src_all, dst_all = _host.contiguous_pair(inp, out)
-    stage = False
-    if _host.overlaps(src_all, dst_all):  # every member reads or writes chunks the others still need
-        src_all, stage = src_all.clone(), True
-    comm, in_place, cfg = _host.setup("all_to_all", [out, inp], group, config, inp.numel() * itemsize, stage)
-    if m == 0:
-        return _host.finish(comm, async_op)
-    if comm.size == 1:
-        dst_all.copy_(src_all)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    if cfg.variant == "copy_engine" and not in_place:  # the copies need the output on the heap
-        cfg = dataclasses.replace(cfg, variant="push")
-    if cfg.variant in BOX_VARIANTS + ("copy_engine",):
-        if cfg.variant in BOX_VARIANTS:
-            _boxed.run_boxes("all_to_all", comm, cfg, src_all, dst_all, m)
-        else:
-            _copy_engine.scatter_copies(comm, cfg, src_all, dst_all, m, chunked=True)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    push = cfg.variant == "push"
-    # Staged, one launch covers `length` elements of every chunk in the staging buffer.
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
-    nbytes_per = comm.size * itemsize
-    for start, length in _host.chunks(m, per_launch):
-        grid = _host.persistent_grid(comm, cfg, length)
-        ksrc, kdst, src_stride, dst_stride = src_all[start:], dst_all[start:], m, m
-        if not in_place:
-            name = "out" if push else "in"
-            buf = comm.staging(name, nbytes_per * length)[: nbytes_per * length].view(inp.dtype)
-            if push:  # members push into the staged output; the input is read locally
-                kdst, dst_stride = buf, length
-            else:  # members pull from the staged input; the output is written locally
-                buf.view(comm.size, length).copy_(src_all.view(comm.size, m)[:, start : start + length])
-                ksrc, src_stride = buf, length
-        hint = _host.vector_hint((ksrc, kdst), (src_stride * itemsize, dst_stride * itemsize))
-        _host.launch(
-            _KERNELS[cfg.variant], grid, comm, cfg, ksrc, kdst, length, src_stride, dst_stride, HINT=hint
-        )
-        if not in_place and push:
-            dst_all.view(comm.size, m)[:, start : start + length].copy_(kdst.view(comm.size, length))
-    _host.copy_back(out, dst_all)
-    return _host.finish(comm, async_op)
+    # an output overlapping the input (out is inp, say): every member reads or writes chunks
+    # the others still need, so the exchange works on a copy of the input
+    return _plan.run(
+        "all_to_all", out, inp, inp.numel() // size, group=group, config=config, async_op=async_op
+    )

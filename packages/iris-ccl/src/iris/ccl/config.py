@@ -7,31 +7,8 @@ import functools
 import json
 from pathlib import Path
 
+from . import variants
 from .settings import TABLE_ENV, table_path
-
-#: Variants each collective accepts ("auto" picks from the table).
-VARIANTS: dict[str, tuple[str, ...]] = {
-    "all_reduce": (
-        "auto",
-        "ll",
-        "boxed",
-        "one_shot",
-        "two_shot",
-        "two_shot_push",
-        "copy_engine",
-        "ring",
-        "atomic",
-        "spinlock",
-    ),
-    "all_gather": ("auto", "ll", "boxed", "push", "pull", "gluon", "copy_engine"),
-    "reduce_scatter": ("auto", "ll", "boxed", "push", "pull"),
-    "all_to_all": ("auto", "ll", "boxed", "push", "pull", "copy_engine"),
-}
-
-
-#: Variants that run on boxes in iris.ccl's own heap (any tensors, never the caller's
-#: heap): ``boxed`` (iris.ccl._boxed) and ``ll`` (iris.ccl._ll).
-BOX_VARIANTS = ("boxed", "ll")
 
 #: Upper bound of ``Config.programs``: the sync slots of a communicator (``_comm.MAX_SLOTS``).
 MAX_PROGRAMS = 8192
@@ -42,7 +19,8 @@ class Config:
     """Launch configuration of a collective. Every field 0 or "auto" means "choose".
 
     Attributes:
-        variant: algorithm; see :data:`VARIANTS` (collectives with one algorithm take "auto").
+        variant: algorithm; see :data:`VARIANTS` (collectives with one algorithm take "auto";
+            the variants are registered in :mod:`iris.ccl.variants`).
         block_size: elements per tile, a power of two (``ll``: 32-bit words per tile).
         num_warps: warps per program, a power of two up to 32.
         chunk_elements: elements per kernel launch when a message is split (staging through
@@ -78,7 +56,7 @@ class Config:
 
     def check_variant(self, collective: str) -> None:
         """Raise ValueError unless ``variant`` is one ``collective`` implements."""
-        allowed = VARIANTS.get(collective, ("auto",))
+        allowed = variants.names().get(collective, ("auto",))
         if self.variant not in allowed:
             raise ValueError(f"{collective} has no variant {self.variant!r}; use one of {', '.join(allowed)}")
 
@@ -102,16 +80,14 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
     config = config or Config()
     config.check_variant(collective)
     variant = config.variant
-    if variant == "gluon" and interpreted:
-        raise RuntimeError(
-            f"{collective}: Config(variant='gluon') needs the cuda backend: Gluon kernels compile for "
-            "NVIDIA GPUs only and do not run in Triton's interpreter (the cpu backend); use another variant"
-        )
     measured: dict[str, int] = {}
-    if variant == "auto" and collective in VARIANTS:
+    if variant == "auto" and collective in variants.names():
         variant, measured = auto_rule(collective, nbytes, world_size)
         if interpreted:  # the table's launch shapes are GPU measurements
             measured = {}
+    chosen = variants.get(collective, variant)
+    if chosen is not None:
+        chosen.check_backend(interpreted)
     fields = {name: getattr(config, name) or measured.get(name, 0) for name in TABLE_FIELDS}
     if variant == "ll" and not interpreted:
         # tiles of 32-bit words; measured on 2 x H200 (benchmarks/ccl/NOTES.md)
@@ -152,7 +128,9 @@ def _load_table(path: str) -> dict:
 
 def _valid_rule(rule: object, collective: str) -> bool:
     """``[max_bytes or None, variant]`` or ``[max_bytes or None, variant, {field: value}]``."""
-    if not isinstance(rule, list) or len(rule) not in (2, 3) or rule[1] not in VARIANTS.get(collective, ()):
+    if not isinstance(rule, list) or len(rule) not in (2, 3) or not isinstance(rule[1], str):
+        return False
+    if variants.get(collective, rule[1]) is None:  # a registered variant ("auto" is none)
         return False
     if not (rule[0] is None or (isinstance(rule[0], int) and rule[0] >= 0)):
         return False
@@ -187,6 +165,15 @@ def auto_rule(collective: str, nbytes: int, world_size: int) -> tuple[str, dict[
     for it, ``{}`` where the rule names none."""
     table = tuning_table()
     rules = table.get("world_sizes", {}).get(str(world_size), {}).get(collective)
-    rules = rules or table.get("default", {}).get(collective) or [[None, "push"]]
+    rules = rules or table.get("default", {}).get(collective) or [[None, variants.default(collective)]]
     rule = next((r for r in rules if r[0] is None or nbytes <= r[0]), rules[-1])
     return rule[1], dict(rule[2]) if len(rule) == 3 else {}
+
+
+def __getattr__(name: str):
+    """``VARIANTS``: the variants each collective accepts ("auto" picks from the table), as
+    registered in :mod:`iris.ccl.variants` (read when first asked for: the modules holding
+    the variants import this one)."""
+    if name == "VARIANTS":
+        return variants.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,17 +24,20 @@ covers is split into the same sub-range of every chunk per launch.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-import iris.mem
 from iris.mem.triton import Context
 
-from . import _boxed, _host
-from .config import BOX_VARIANTS, Config, select
+from . import _host, _plan
+from ._plan import Plan
+from .config import Config
 from .reduce_op import ReduceOp
 from .triton import Group, tiles
+from .variants import Variant
 from .work import Work
 
 
@@ -87,15 +90,49 @@ def _push_kernel(
         t += tl.num_programs(0)
 
 
+def _exchange(plan: Plan, push: bool) -> None:
+    """``push`` (members store chunk ``j`` into member ``j``'s workspace, then reduce their
+    own) or ``pull`` (members load their chunk from every member's input: in place, or from
+    copies in the staging buffers)."""
+    comm, cfg, src_all, m = plan.comm, plan.cfg, plan.src, plan.count
+    itemsize = src_all.element_size()
+    meta = {"OP": plan.op_value, "ACC_FP32": _host.acc_fp32(src_all.dtype)}
+    # Staged, one launch covers `length` elements of every member's chunk in the staging
+    # buffer (pull: size * length inputs; push: size * length workspace slots).
+    for start, length in plan.launches(itemsize * comm.size):
+        grid = _host.persistent_grid(comm, cfg, length)
+        dst = plan.dst[start : start + length]
+        if push:
+            ws = comm.staging("out", comm.size * length * itemsize)[: comm.size * length * itemsize]
+            ws = ws.view(src_all.dtype)
+            hint = _host.vector_hint((src_all[start:], ws), (m * itemsize, length * itemsize))
+            _host.launch(
+                _push_kernel, grid, comm, cfg, src_all[start:], dst, ws, length, m, HINT=hint, **meta
+            )
+        elif plan.in_place:
+            hint = _host.vector_hint((src_all[start:],), (m * itemsize,))
+            _host.launch(_pull_kernel, grid, comm, cfg, src_all[start:], dst, length, m, HINT=hint, **meta)
+        else:
+            nbytes = comm.size * length * itemsize
+            ksrc = comm.staging("in", nbytes)[:nbytes].view(src_all.dtype).view(comm.size, length)
+            ksrc.copy_(src_all.view(comm.size, m)[:, start : start + length])
+            hint = _host.vector_hint((ksrc,), (length * itemsize,))
+            _host.launch(_pull_kernel, grid, comm, cfg, ksrc, dst, length, length, HINT=hint, **meta)
+
+
+_variant = functools.partial(Variant, collective="reduce_scatter")
+REGISTERED = (
+    # push touches only its workspace remotely, which lives on iris.ccl's own heap (so it
+    # never spends the caller's heap on it)
+    _variant(name="push", run=functools.partial(_exchange, push=True), staged=True, default=True),
+    _variant(name="pull", run=functools.partial(_exchange, push=False)),
+)
+
+
 def reduce_scatter(
-    out: torch.Tensor,
-    inp: torch.Tensor,
-    *,
-    op: ReduceOp | str = ReduceOp.SUM,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
-) -> Work | None:
+    out: torch.Tensor, inp: torch.Tensor, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
+    async_op: bool = False, config: Config | None = None,
+) -> Work | None:  # fmt: skip
     """Reduce ``inp`` over the ranks of ``group`` and give rank ``i`` chunk ``i`` in ``out``.
 
     :param out: result with ``inp.numel() / G`` elements (G: the group's size), same dtype
@@ -111,67 +148,21 @@ def reduce_scatter(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place by ``pull``;
     others are copied through the collective's staging buffers.
     """
-    _host.check_tensor(out, "out")
-    _host.check_tensor(inp, "inp")
-    size, index = _host.group_position(group)
-    if inp.numel() % size:
-        raise ValueError(
-            f"reduce_scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group "
-            f"of {size} ranks does not divide into equal chunks; out (shape {list(out.shape)}) must hold "
-            "inp.numel() / group size elements"
-        )
-    _host.check_pair(out, inp, "reduce_scatter", inp.numel() // size)
-    rop = ReduceOp.parse(op)
-    _host.check_op(rop, inp.dtype)
-    m = out.numel()
-    itemsize = inp.element_size()
-    src_all, dst_all = _host.contiguous_pair(inp, out)
+
+    def chunk(size: int) -> int:
+        if inp.numel() % size:
+            raise ValueError(
+                f"reduce_scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group "
+                f"of {size} ranks does not divide into equal chunks; out (shape {list(out.shape)}) must hold "
+                "inp.numel() / group size elements"
+            )
+        return inp.numel() // size
+
+    _, index = _plan.validate("reduce_scatter", out, inp, group, config, chunk)
+    own_chunk = index * out.numel() * inp.element_size()
     # An output overlapping the input anywhere but at this rank's chunk would overwrite
     # input still needed by a later launch: reduce from a copy of the input.
-    stage = False
-    if _host.overlaps(src_all, dst_all) and dst_all.data_ptr() != src_all.data_ptr() + index * m * itemsize:
-        src_all, stage = src_all.clone(), True
-    # push touches only its workspace remotely, which lives on iris.ccl's own heap (so it
-    # never spends the caller's heap on it).
-    _host.check_config(config)
-    interpreted = iris.mem.capabilities(inp.device).interpreted
-    variant = select("reduce_scatter", inp.numel() * itemsize, size, interpreted, config).variant
-    stage = stage or variant == "push"
-    comm, in_place, cfg = _host.setup(
-        "reduce_scatter", [out, inp], group, config, inp.numel() * itemsize, stage, op=rop
-    )
-    if m == 0:
-        return _host.finish(comm, async_op)
-    if comm.size == 1:
-        dst_all.copy_(src_all)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    if cfg.variant in BOX_VARIANTS:
-        _boxed.run_boxes("reduce_scatter", comm, cfg, src_all, dst_all, m, rop.value)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
-    meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
-    # Staged, one launch covers `length` elements of every member's chunk in the staging
-    # buffer (pull: size * length inputs; push: size * length workspace slots).
-    per_launch = _host.max_elements(cfg, itemsize * comm.size, not in_place, comm)
-    for start, length in _host.chunks(m, per_launch):
-        grid = _host.persistent_grid(comm, cfg, length)
-        dst = dst_all[start : start + length]
-        if cfg.variant == "push":
-            ws = comm.staging("out", comm.size * length * itemsize)[: comm.size * length * itemsize]
-            ws = ws.view(inp.dtype)
-            hint = _host.vector_hint((src_all[start:], ws), (m * itemsize, length * itemsize))
-            _host.launch(
-                _push_kernel, grid, comm, cfg, src_all[start:], dst, ws, length, m, HINT=hint, **meta
-            )
-        elif in_place:
-            hint = _host.vector_hint((src_all[start:],), (m * itemsize,))
-            _host.launch(_pull_kernel, grid, comm, cfg, src_all[start:], dst, length, m, HINT=hint, **meta)
-        else:
-            nbytes = comm.size * length * itemsize
-            ksrc = comm.staging("in", nbytes)[:nbytes].view(inp.dtype).view(comm.size, length)
-            ksrc.copy_(src_all.view(comm.size, m)[:, start : start + length])
-            hint = _host.vector_hint((ksrc,), (length * itemsize,))
-            _host.launch(_pull_kernel, grid, comm, cfg, ksrc, dst, length, length, HINT=hint, **meta)
-    _host.copy_back(out, dst_all)
-    return _host.finish(comm, async_op)
+    return _plan.run(
+        "reduce_scatter", out, inp, out.numel(), group=group, config=config, async_op=async_op, op=op,
+        overlap_ok=lambda src, dst: dst.data_ptr() == src.data_ptr() + own_chunk,
+    )  # fmt: skip
