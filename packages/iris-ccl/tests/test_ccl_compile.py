@@ -55,8 +55,7 @@ FIXED = {
 }
 #: Per-kernel types that differ from the tables (send/recv move raw bytes).
 KERNEL_TYPES = {
-    "iris.ccl.p2p._send_kernel": {"src": "*u8"},
-    "iris.ccl.p2p._recv_kernel": {"dst": "*u8"},
+    "iris.ccl.p2p._transfer_kernel": {"data": "*u8", "count": "*i32"},
     "iris.ccl._ll._ll_kernel": {"boxes": "*i64", "launches": "*i64"},
 }
 #: Kernels compiled for more element types than the profiles' (profile 0 with these
@@ -94,21 +93,21 @@ PROFILES = [
         "RANK": 1, "WORLD": 4, "GROUP": 2, "ME": 1, "BLOCK": 1024, "OP": "sum", "ACC_FP32": True,
         "LOCKED": False, "ROOT": 1, "SRC": 0, "DST": 1,
         "HINT": 16, "ALIASED": False, "MODE": "all_reduce", "PDL": True, "KIND": "broadcast",
-        "PUSH": True,
+        "PUSH": True, "SEND": True,
     },
     {
         "dtype": "bf16",
         "RANK": 3, "WORLD": 4, "GROUP": 3, "ME": 2, "BLOCK": 512, "OP": "avg", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 2, "SRC": 1, "DST": 0,
         "HINT": None, "ALIASED": True, "MODE": "all_to_all", "PDL": False, "KIND": "reduce",
-        "PUSH": False,
+        "PUSH": False, "SEND": False,
     },
     {
         "dtype": "fp32",
         "RANK": 0, "WORLD": 3, "GROUP": 3, "ME": 0, "BLOCK": 256, "OP": "max", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 0, "SRC": 2, "DST": 2,
         "HINT": 16, "ALIASED": False, "MODE": "reduce_scatter", "PDL": True, "KIND": "scatter",
-        "PUSH": True,
+        "PUSH": True, "SEND": False,
     },
 ]  # fmt: skip
 ALIGNED = [["tt.divisibility", 16]]

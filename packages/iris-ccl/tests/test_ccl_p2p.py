@@ -420,13 +420,11 @@ def compile_child() -> list[str]:
     p2p = importlib.import_module("iris.ccl.p2p")
     barrier = importlib.import_module("iris.ccl.barrier")
     common = {"seq": "*i32", "ack": "*i32", "nbytes": "i32", "peer": "i32"}
+    common["count"] = "*i32"
     cases = [
-        (p2p._send_kernel, {"src": f"*{t}", "box": f"*{t}", "sent": "*i32", **common}, block)
+        (p2p._transfer_kernel, {"data": f"*{t}", "box": f"*{t}", "SEND": send, **common}, block)
         for t, block in (("i32", 4096), ("u8", 16384))
-    ]
-    cases += [
-        (p2p._recv_kernel, {"dst": f"*{t}", "box": f"*{t}", "received": "*i32", **common}, block)
-        for t, block in (("i32", 4096), ("u8", 16384))
+        for send in (True, False)
     ]
     cases.append((barrier._barrier_kernel, {}, 1024))
     fails = []
@@ -434,13 +432,11 @@ def compile_child() -> list[str]:
     for fn, sig, block in cases:
         names = list(fn.arg_names)
         sig = {**lead, **sig}
-        attrs = {(names.index(a),): aligned for a in ("src", "dst", "box", "nbytes") if a in sig}
-        src = ASTSource(
-            fn,
-            {a: sig.get(a, "constexpr") for a in names},
-            constexprs={"RANK": 1, "WORLD": 2, "GROUP": 2, "ME": 1, "BLOCK": block},
-            attrs=attrs,
-        )
+        attrs = {(names.index(a),): aligned for a in ("data", "box", "nbytes") if a in sig}
+        consts = {"RANK": 1, "WORLD": 2, "GROUP": 2, "ME": 1, "BLOCK": block}
+        if "SEND" in sig:
+            consts["SEND"] = sig.pop("SEND")
+        src = ASTSource(fn, {a: sig.get(a, "constexpr") for a in names}, constexprs=consts, attrs=attrs)
         try:
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
         except Exception as e:  # noqa: BLE001 - reported

@@ -33,11 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.mem.triton import Context
+from iris.mem.triton.group import enter_group
 
 from . import _host
 from ._plan import Plan
-from .triton import Group, tiles
+from .triton import tiles
 from .triton.sync import advance_launch_counter, enter_launch
 from .variants import Variant
 
@@ -60,9 +60,9 @@ def _boxed_kernel(
     """Member ``j`` is sent ``src[j * src_stride + t]`` (``src_stride`` 0: the same data to
     everyone); member ``i``'s data ends in ``dst[i * dst_stride + t]`` (reductions: ``dst[t]``)."""
     enter_launch(PDL)
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     ntiles = tl.cdiv(n, BLOCK)
     bank = boxes + ((tl.load(launches) >> 20) & 1).to(tl.int64) * GROUP * box_stride
     mine = bank + ME * box_stride

@@ -40,12 +40,11 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
-from iris.mem.triton import Context
+from iris.mem.triton.group import enter_group
 from iris.mem.utils import global_timer
 
 from . import _host
 from ._plan import Plan
-from .triton import Group
 from .triton.sync import advance_launch_counter, combine, enter_launch, record_timeout
 from .variants import Variant
 
@@ -147,9 +146,9 @@ def _ll_kernel(
     (reductions: ``dst[e]``). A tile is ``BLOCK`` words whose low 32 bits hold ``TILE``
     consecutive elements."""
     enter_launch(PDL)
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     ELEM: tl.constexpr = src.dtype.element_ty
     TILE: tl.constexpr = BLOCK * 32 // ELEM.primitive_bitwidth
     ntiles = tl.cdiv(n, TILE)

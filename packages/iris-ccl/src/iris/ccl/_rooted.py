@@ -19,11 +19,11 @@ import triton.language as tl
 
 import iris.mem
 from iris.mem.runtime import group_ranks
-from iris.mem.triton import Context
+from iris.mem.triton.group import enter_group
 
 from . import _host
 from .config import Config
-from .triton import Group, tiles
+from .triton import tiles
 
 
 @triton.jit
@@ -41,9 +41,9 @@ def _rooted_kernel(
     * ``"scatter"``: from ``root``, ``dst_m[i] = src[m * n_per_rank + i]`` on every member ``m``;
     * ``"gather"``: on ``root``, ``dst[m * n_per_rank + i] = src_m[i]`` for every member ``m``.
     """
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     t = pid
     while t < tl.cdiv(n, BLOCK):
         offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -73,6 +73,23 @@ def run(
         _host.launch(_rooted_kernel, grid, comm, cfg, src, dst, length, n_per_rank, root, KIND=kind, **meta)
         if done is not None:
             done()
+
+
+def execute(
+    kind: str, comm, cfg: Config, in_place: bool, count: int, itemsize: int, root: int, src_all, dst_all,
+    out, buffers, async_op: bool, **meta,
+):  # fmt: skip
+    """The part of a rooted collective after its setup: nothing to move (``count == 0``), a
+    group of one (a local copy), or :func:`run`; then the result into a non-contiguous
+    ``out`` (where this rank has a result: ``dst_all`` not None) and the
+    :class:`~iris.ccl.work.Work` handle when ``async_op``."""
+    if count and comm.size == 1:
+        dst_all.copy_(src_all)
+    elif count:
+        run(kind, comm, cfg, count, itemsize, in_place, buffers, root, **meta)
+    if dst_all is not None:
+        _host.copy_back(out, dst_all)
+    return _host.finish(comm, async_op)
 
 
 def member_index(rank: object, group, name: str, collective: str) -> int:

@@ -34,59 +34,41 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.mem.triton import Context
+from iris.mem.triton.group import enter_group
 
 from . import _copy_engine, _host, _plan
 from ._plan import Plan
 from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
-from .triton import Group, tiles
+from .triton import tiles
 from .variants import Variant
 from .work import Work
 
 
 @triton.jit
-def _push_kernel(
-    context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
-    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    HINT: tl.constexpr = None,
-):  # fmt: skip
-    """Persistent: program ``p`` pushes tiles ``p, p + P, ...`` between one start and one
-    end barrier."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    group.sync(ctx, pid, False)
-    t = pid
-    ntiles = tl.cdiv(n, BLOCK)
-    while t < ntiles:
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
-        t += tl.num_programs(0)
-    group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
-
-
-@triton.jit
-def _pull_kernel(
+def _exchange_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, src_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-    HINT: tl.constexpr = None,
+    PUSH: tl.constexpr, HINT: tl.constexpr = None,
 ):  # fmt: skip
-    """Persistent: program ``p`` pulls tiles ``p, p + P, ...`` between one start and one
-    end barrier."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    group.sync(ctx, pid, False)
+    """Persistent: program ``p`` pushes (``PUSH``: stores its input into every member's
+    output) or pulls (loads every member's input; ``src_per_rank``: see
+    :func:`~iris.ccl.triton.tiles.all_gather_pull`) tiles ``p, p + P, ...`` between one start
+    and one end barrier (which orders the remote stores before it: a CTA barrier and a
+    release)."""
+    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
     t = pid
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)
-        tiles.all_gather_pull(
-            ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank, False, HINT
-        )
+        if PUSH:
+            tiles.all_gather_push(ctx, group, src, dst, offs, offs < n, n_per_rank, pid, False, HINT)
+        else:
+            tiles.all_gather_pull(
+                ctx, group, src, dst, offs, offs < n, n_per_rank, pid, src_per_rank, False, HINT
+            )
         t += tl.num_programs(0)
-    group.sync(ctx, pid, False)  # only loads went remote, their values already used
+    group.sync(ctx, pid)
 
 
 def _exchange(plan: Plan, kernel, push: bool) -> None:
@@ -100,7 +82,8 @@ def _exchange(plan: Plan, kernel, push: bool) -> None:
     # buffer (push: size * length outputs; pull: length inputs).
     for start, length in plan.launches(itemsize * comm.size):
         src = src_all[start : start + length]
-        extra = () if push else (0,)  # pull: where each member's input is (see tiles.all_gather_pull)
+        # where each member's input is (pull; see tiles.all_gather_pull): the Gluon kernel only pushes
+        extra = () if kernel is not _exchange_kernel else (0,)
         if plan.in_place:
             ksrc, kdst, stride = src, dst_all[start:], n
             if aliased and not push:  # every member's input is its own chunk of its output
@@ -114,7 +97,8 @@ def _exchange(plan: Plan, kernel, push: bool) -> None:
         grid = _host.persistent_grid(comm, cfg, length)
         strides = (stride * itemsize, *(e * itemsize for e in extra))
         hint = _host.vector_hint((ksrc, kdst), strides)
-        _host.launch(kernel, grid, comm, cfg, ksrc, kdst, length, stride, *extra, HINT=hint)
+        meta = {"PUSH": push} if kernel is _exchange_kernel else {}
+        _host.launch(kernel, grid, comm, cfg, ksrc, kdst, length, stride, *extra, HINT=hint, **meta)
         if not plan.in_place and push:
             dst_all.view(comm.size, n)[:, start : start + length].copy_(kdst.view(comm.size, length))
 
@@ -122,8 +106,8 @@ def _exchange(plan: Plan, kernel, push: bool) -> None:
 _variant = functools.partial(Variant, collective="all_gather")
 _ON_HEAP = {"in_place": True, "fallback": "push"}
 REGISTERED = (
-    _variant(name="push", run=functools.partial(_exchange, kernel=_push_kernel, push=True), default=True),
-    _variant(name="pull", run=functools.partial(_exchange, kernel=_pull_kernel, push=False)),
+    _variant(name="push", run=functools.partial(_exchange, kernel=_exchange_kernel, push=True), default=True),
+    _variant(name="pull", run=functools.partial(_exchange, kernel=_exchange_kernel, push=False)),
     _variant(
         name="gluon",
         run=functools.partial(_exchange, kernel=_gluon_push_kernel, push=True),

@@ -44,13 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.mem.triton import Context
+from iris.mem.triton.group import enter_group
 
 from . import _boxed, _comm, _copy_engine, _host, _plan
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
-from .triton import Group, tiles
+from .triton import tiles
 from .variants import Variant
 from .work import Work
 
@@ -68,9 +68,9 @@ def _one_shot_kernel(
     """Persistent: program ``p`` reduces tiles ``p, p + P, ...`` between one start and one
     end barrier. ``ALIASED`` (``dst`` overlaps ``src``): a barrier pair per tile instead,
     so no member overwrites a tile a peer may still be reading."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     if not ALIASED:
         group.sync(ctx, pid, False)
     t = pid
@@ -93,10 +93,7 @@ def _two_shot_kernel(
     the tiles this member owns (``t % GROUP == ME``), ``t = ME + GROUP (p + k P)``: every
     program has owned tiles whatever ``P`` (with ``t = p + k P`` and an even ``P``, half of
     the programs of each member would own none)."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    group.sync(ctx, pid, False)
+    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
     t = ME + pid * GROUP
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
@@ -127,9 +124,9 @@ def _two_shot_push_kernel(
 
     ``src`` is read locally only (any memory); ``dst`` is on the heap and must not overlap
     ``src``."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     ntiles = tl.cdiv(chunk, BLOCK)
     mine = tl.cast(ME, tl.int64) * chunk
     group.sync(ctx, pid, False)
@@ -168,9 +165,9 @@ def _ring_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr,
 ):  # fmt: skip
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     programs = tl.num_programs(0)
     t = pid  # persistent: groups of GROUP tiles pid, pid + P, ... (the same program on every member)
     while t < tl.cdiv(n, GROUP * BLOCK):
@@ -184,9 +181,9 @@ def _atomic_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     LOCKED: tl.constexpr,
 ):  # fmt: skip
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     programs = tl.num_programs(0)
     ntiles = tl.cdiv(n, BLOCK)
     t = pid  # persistent: tiles pid, pid + P, ... (the same program on every member)

@@ -32,12 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.mem.triton import Context
+from iris.mem.triton.group import enter_group
 
 from . import _copy_engine, _host, _plan
 from ._plan import Plan
 from .config import Config
-from .triton import Group, tiles
+from .triton import tiles
 from .variants import Variant
 from .work import Work
 
@@ -51,10 +51,7 @@ def _exchange_kernel(
     """Persistent: program ``p`` pushes (``PUSH``: stores remotely) or pulls (loads
     remotely) tiles ``p, p + P, ...`` of every chunk between one start and one end barrier
     (which orders the remote stores before it: a CTA barrier and a release)."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    group.sync(ctx, pid, False)
+    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
     t = pid
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:

@@ -15,13 +15,8 @@ from .work import Work
 
 
 def broadcast(
-    tensor: torch.Tensor,
-    src: int,
-    *,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
-) -> Work | None:
+    tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False, config: Config | None = None,
+) -> Work | None:  # fmt: skip
     """Copy rank ``src``'s ``tensor`` into ``tensor`` on every rank of ``group``, in place.
 
     :param tensor: data on ``src``, result elsewhere; same number of elements and dtype on
@@ -40,8 +35,6 @@ def broadcast(
     comm, in_place, cfg = _host.setup(
         "broadcast", [tensor], group, config, n * tensor.element_size(), root=src
     )
-    if n == 0 or comm.size == 1:
-        return _host.finish(comm, async_op)
     data = _rooted.flat(tensor)
 
     def buffers(start, length):
@@ -50,6 +43,5 @@ def broadcast(
             return dst, dst, 0, None
         return (comm.staged_copy if comm.index == root else comm.staging_like)("in", dst), dst, 0, None
 
-    _rooted.run("broadcast", comm, cfg, n, tensor.element_size(), in_place, buffers, root)
-    _host.copy_back(tensor, data)
-    return _host.finish(comm, async_op)
+    args = (comm, cfg, in_place, n, tensor.element_size(), root, data, data, tensor, buffers)
+    return _rooted.execute("broadcast", *args, async_op)

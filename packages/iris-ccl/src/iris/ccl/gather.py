@@ -20,14 +20,9 @@ from .work import Work
 
 
 def gather(
-    out: torch.Tensor | None,
-    inp: torch.Tensor,
-    dst: int,
-    *,
-    group=None,
-    async_op: bool = False,
+    out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, group=None, async_op: bool = False,
     config: Config | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """Write ``inp`` of the ``i``-th rank of ``group`` into chunk ``i`` of ``out`` on rank
     ``dst`` (chunks in flat element order).
 
@@ -53,14 +48,8 @@ def gather(
         _host.check_pair(out, inp, "gather", size * inp.numel())
     m = inp.numel()
     comm, in_place, cfg = _host.setup("gather", [inp], group, config, size * m * inp.element_size(), root=dst)
-    if m == 0:
-        return _host.finish(comm, async_op)
     src_all = _rooted.flat(inp)
     dst_all = _rooted.flat_out(out) if is_root else None
-    if comm.size == 1:
-        dst_all.copy_(src_all)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
 
     def buffers(start, length):
         src = src_all[start : start + length]
@@ -68,7 +57,5 @@ def gather(
         # Only the root writes its output: any pointer does elsewhere.
         return ksrc, dst_all[start:] if is_root else ksrc, m, None
 
-    _rooted.run("gather", comm, cfg, m, inp.element_size(), in_place, buffers, root)
-    if is_root:
-        _host.copy_back(out, dst_all)
-    return _host.finish(comm, async_op)
+    args = (comm, cfg, in_place, m, inp.element_size(), root, src_all, dst_all, out, buffers)
+    return _rooted.execute("gather", *args, async_op)

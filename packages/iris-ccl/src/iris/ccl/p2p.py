@@ -96,32 +96,23 @@ def recv_tile(ctx, dst, box, seq, ack, received, offs, mask, peer, tile, status,
 
 
 @triton.jit
-def _send_kernel(
-    context, members, flags, epochs, status, budget, src, box, seq, ack, sent, nbytes, peer,
+def _transfer_kernel(
+    context, members, flags, epochs, status, budget, data, box, seq, ack, count, nbytes, peer,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    SEND: tl.constexpr,
 ):  # fmt: skip
-    """Send ``nbytes`` elements (bytes, or int32 words) of ``src`` to heap rank ``peer`` in
-    tiles of ``BLOCK`` elements (``P2P_TILE_BYTES`` bytes), each program looping over its share."""
+    """Send (``SEND``) ``nbytes`` elements (bytes, or int32 words) of ``data`` to heap rank
+    ``peer``, or receive them from it into ``data``, in tiles of ``BLOCK`` elements
+    (``P2P_TILE_BYTES`` bytes), each program looping over its share; ``count`` is the
+    per-tile counter of messages sent to (or received from) ``peer``."""
     ctx = Context.initialize(context, RANK, WORLD)
     t = tl.program_id(0)  # persistent: tiles pid, pid + P, ...
     while t < tl.cdiv(nbytes, BLOCK):
         offs = t * BLOCK + tl.arange(0, BLOCK)
-        send_tile(ctx, src, box, seq, ack, sent, offs, offs < nbytes, peer, t, status, budget)
-        t += tl.num_programs(0)
-
-
-@triton.jit
-def _recv_kernel(
-    context, members, flags, epochs, status, budget, dst, box, seq, ack, received, nbytes, peer,
-    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Receive ``nbytes`` elements (bytes, or int32 words) from heap rank ``peer`` into
-    ``dst``, tile by tile (each program looping over its share)."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    t = tl.program_id(0)  # persistent: tiles pid, pid + P, ...
-    while t < tl.cdiv(nbytes, BLOCK):
-        offs = t * BLOCK + tl.arange(0, BLOCK)
-        recv_tile(ctx, dst, box, seq, ack, received, offs, offs < nbytes, peer, t, status, budget)
+        if SEND:
+            send_tile(ctx, data, box, seq, ack, count, offs, offs < nbytes, peer, t, status, budget)
+        else:
+            recv_tile(ctx, data, box, seq, ack, count, offs, offs < nbytes, peer, t, status, budget)
         t += tl.num_programs(0)
 
 
@@ -154,12 +145,12 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
     box = comm.p2p_mailbox[sender * slot_bytes : (sender + 1) * slot_bytes]
     seq, ack = counters[_SEQ, sender], counters[_ACK, receiver]
     count = counters[_SENT, peer] if kind == "send" else counters[_RECEIVED, peer]
-    kernel = _send_kernel if kind == "send" else _recv_kernel
     if word == 4:
         raw, box = raw.view(torch.int32), box.view(torch.int32)
     for start, length in _host.chunks(nbytes // word, slot_bytes // word):
         grid = _host.persistent_grid(comm, cfg, length)
-        _host.launch(kernel, grid, comm, cfg, raw[start:], box, seq, ack, count, length, comm.members[peer])
+        args = (raw[start:], box, seq, ack, count, length, comm.members[peer])
+        _host.launch(_transfer_kernel, grid, comm, cfg, *args, SEND=kind == "send")
     if kind == "recv":
         _host.copy_back(tensor, data)
     return _host.finish(comm, async_op)

@@ -18,15 +18,9 @@ from .work import Work
 
 
 def reduce(
-    out: torch.Tensor | None,
-    inp: torch.Tensor,
-    dst: int,
-    *,
-    op: ReduceOp | str = ReduceOp.SUM,
-    group=None,
-    async_op: bool = False,
-    config: Config | None = None,
-) -> Work | None:
+    out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
+    async_op: bool = False, config: Config | None = None,
+) -> Work | None:  # fmt: skip
     """Reduce ``inp`` over the ranks of ``group`` into ``out`` on rank ``dst`` only.
 
     Unlike ``torch.distributed.reduce`` (in place, and leaving the other ranks' tensors
@@ -58,16 +52,10 @@ def reduce(
     comm, in_place, cfg = _host.setup(
         "reduce", [inp], group, config, n * inp.element_size(), op=rop, root=dst
     )
-    if n == 0:
-        return _host.finish(comm, async_op)
     if is_root:
         src_all, dst_all = _host.contiguous_pair(inp, out)
     else:
         src_all, dst_all = _rooted.flat(inp), None
-    if comm.size == 1:
-        dst_all.copy_(src_all)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
 
     def buffers(start, length):
         src = src_all[start : start + length]
@@ -76,7 +64,5 @@ def reduce(
         return ksrc, dst_all[start : start + length] if is_root else ksrc, 0, None
 
     meta = {"OP": rop.value, "ACC_FP32": _host.acc_fp32(inp.dtype)}
-    _rooted.run("reduce", comm, cfg, n, inp.element_size(), in_place, buffers, root, **meta)
-    if is_root:
-        _host.copy_back(out, dst_all)
-    return _host.finish(comm, async_op)
+    args = (comm, cfg, in_place, n, inp.element_size(), root, src_all, dst_all, out, buffers)
+    return _rooted.execute("reduce", *args, async_op, **meta)

@@ -30,13 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.mem.triton import Context
+from iris.mem.triton.group import enter_group
 
 from . import _host, _plan
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
-from .triton import Group, tiles
+from .triton import tiles
 from .variants import Variant
 from .work import Work
 
@@ -49,10 +49,7 @@ def _pull_kernel(
 ):  # fmt: skip
     """Persistent: program ``p`` reduces tiles ``p, p + P, ...`` of this rank's chunk
     between one start and one end barrier."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
-    group.sync(ctx, pid, False)
+    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
     t = pid
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
@@ -72,9 +69,9 @@ def _push_kernel(
 ):  # fmt: skip
     """Persistent: program ``p`` pushes its tiles ``p, p + P, ...`` into the members'
     workspaces, then (after a barrier) reduces the same tiles of its own workspace."""
-    ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
-    pid = tl.program_id(0)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+    )
     ntiles = tl.cdiv(n, BLOCK)
     group.sync(ctx, pid, False)
     t = pid

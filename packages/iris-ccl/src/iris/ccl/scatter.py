@@ -21,14 +21,9 @@ from .work import Work
 
 
 def scatter(
-    out: torch.Tensor,
-    inp: torch.Tensor | None,
-    src: int,
-    *,
-    group=None,
-    async_op: bool = False,
+    out: torch.Tensor, inp: torch.Tensor | None, src: int, *, group=None, async_op: bool = False,
     config: Config | None = None,
-) -> Work | None:
+) -> Work | None:  # fmt: skip
     """Split ``inp`` of rank ``src`` into ``group``'s size equal chunks (in flat element
     order) and write chunk ``i`` into ``out`` of the ``i``-th rank of ``group``.
 
@@ -61,14 +56,8 @@ def scatter(
     comm, in_place, cfg = _host.setup(
         "scatter", [out], group, config, size * m * out.element_size(), root=src
     )
-    if m == 0:
-        return _host.finish(comm, async_op)
     src_all = _rooted.flat(inp) if is_root else None
     dst_all = _rooted.flat_out(out)
-    if comm.size == 1:
-        dst_all.copy_(src_all)
-        _host.copy_back(out, dst_all)
-        return _host.finish(comm, async_op)
 
     def buffers(start, length):
         dst = dst_all[start : start + length]
@@ -76,6 +65,5 @@ def scatter(
         # Only the root reads its input: any pointer does elsewhere.
         return src_all[start:] if is_root else kdst, kdst, m, None if in_place else lambda: dst.copy_(kdst)
 
-    _rooted.run("scatter", comm, cfg, m, out.element_size(), in_place, buffers, root)
-    _host.copy_back(out, dst_all)
-    return _host.finish(comm, async_op)
+    args = (comm, cfg, in_place, m, out.element_size(), root, src_all, dst_all, out, buffers)
+    return _rooted.execute("scatter", *args, async_op)

@@ -210,14 +210,9 @@ def launch_world(
 
 
 def run_world(
-    fn: Callable[..., Any],
-    world_size: int,
-    *args: Any,
-    timeout: float = 120.0,
-    env: Mapping[str, str] | None = None,
-    backend: str = "gloo",
-    **kwargs: Any,
-) -> list[Any]:
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0,
+    env: Mapping[str, str] | None = None, backend: str = "gloo", **kwargs: Any,
+) -> list[Any]:  # fmt: skip
     """Like :func:`launch_world`, but return the ranks' values and raise
     :class:`WorldError` (with every failing rank's traceback) unless all ranks succeeded."""
     results = launch_world(fn, world_size, *args, timeout=timeout, env=env, backend=backend, **kwargs)

@@ -44,7 +44,9 @@ def matmul_all_reduce(
     ``(K, N)``, ``out`` is ``(M, N)`` and, on return, the same on every rank; ``bias`` is
     ``(N,)`` or None, the same on every rank, added once. Any M, N, K, the same on every
     rank. bf16, fp16 or fp32 (tf32), all the same; partial products are exchanged in that
-    dtype and summed in fp32.
+    dtype and summed in fp32. Peers store into ``out`` directly when it is a contiguous
+    tensor on a symmetric heap spanning ``group``; any other ``out`` is written through the
+    workspace and copied.
 
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
@@ -52,9 +54,6 @@ def matmul_all_reduce(
         the best known for the shape.
     :param workspace: a :class:`Workspace` to reuse across calls; None keeps one per
         signature internally.
-
-    Peers store into ``out`` directly when it is a contiguous tensor on a symmetric heap
-    spanning ``group``; any other ``out`` is written through the workspace and copied.
     """
     op = "matmul_all_reduce"
     ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)

@@ -3,7 +3,7 @@ and the functional RMA forms."""
 
 from ._compat import aggregate
 from .context import HEAP_BASES_OFFSET, Context
-from .group import Group
+from .group import Group, enter_group
 from .ops import (
     atomic_add,
     atomic_and,
@@ -39,6 +39,7 @@ __all__ = [
     "atomic_xchg",
     "atomic_xor",
     "copy",
+    "enter_group",
     "get",
     "load",
     "put",

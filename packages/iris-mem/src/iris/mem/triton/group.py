@@ -6,6 +6,7 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from ._compat import aggregate
+from .context import Context
 from .sync import group_sync
 
 
@@ -66,3 +67,19 @@ class Group:
             self.index,
             fence,
         )
+
+
+@triton.jit
+def enter_group(
+    context, members, flags, epochs, status, budget,
+    RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, SYNC: tl.constexpr = True,
+):  # fmt: skip
+    """The start of a persistent kernel over a :class:`iris.mem.runtime.SyncState`: its
+    ``Context``, its ``Group`` and the program id, after (``SYNC``) the start barrier of the
+    program's sync slot (nothing remote before it, so without a fence)."""
+    ctx = Context.initialize(context, RANK, WORLD)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    pid = tl.program_id(0)
+    if SYNC:
+        group.sync(ctx, pid, False)
+    return ctx, group, pid
