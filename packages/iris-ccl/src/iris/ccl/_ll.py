@@ -25,10 +25,6 @@ need every peer to have finished this one first.
 Element types of 1, 2, 4 or 8 bytes are packed into 32-bit words (a tile of ``BLOCK``
 words holds ``BLOCK * 4 / itemsize`` elements; the last tile of a member's data is padded),
 so inputs and outputs may be any tensors with any alignment, as for ``boxed``.
-
-A 48-bit payload with a 16-bit flag (4/3 of the bytes on the link instead of twice) was
-tried as ``ll48`` and measured slower than this at every size it could serve
-(``benchmarks/ccl/NOTES.md``, change 12).
 """
 
 from __future__ import annotations

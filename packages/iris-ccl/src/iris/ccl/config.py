@@ -90,7 +90,7 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
         chosen.check_backend(interpreted)
     fields = {name: getattr(config, name) or measured.get(name, 0) for name in TABLE_FIELDS}
     if variant == "ll" and not interpreted:
-        # tiles of 32-bit words; measured on 2 x H200 (benchmarks/ccl/NOTES.md)
+        # tiles of 32-bit words, the fastest measured on 2 x H200 for each size class
         default = 256 if nbytes <= (256 << 10) else 1024 if nbytes <= (2 << 20) else 2048
     else:
         default = 1024 if interpreted else (1024 if nbytes <= (64 << 10) else 4096)
