@@ -17,7 +17,6 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-import iris.mem
 from iris.mem.runtime import group_ranks
 from iris.mem.triton.group import enter_group
 
@@ -110,11 +109,6 @@ def member_index(rank: object, group, name: str, collective: str) -> int:
     if dist.get_rank() not in ranks:
         raise ValueError(f"{collective}: this process (rank {dist.get_rank()}) is not a member of the group")
     return ranks.index(rank)
-
-
-def default_device() -> torch.device:
-    """The device of iris.ccl's own heap when no tensor names one (:func:`iris.mem.default_device`)."""
-    return iris.mem.default_device()
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+import iris.mem
 from iris.mem.triton import Context
 
-from . import _comm, _host, _rooted
+from . import _comm, _host
 from .config import Config, select
 from .triton import Group
 from .work import Work
@@ -38,7 +39,7 @@ def barrier(group=None, async_op: bool = False, *, config: Config | None = None)
     ``IRIS_BACKEND=cpu`` or no GPU is visible.
     """
     _host.check_consistent("barrier", group)
-    comm = _comm.own(group, _rooted.default_device())
+    comm = _comm.own(group, iris.mem.default_device())
     if comm.size > 1:
         cfg = select("barrier", 0, comm.size, comm.capabilities.interpreted, config)
         _host.launch(_barrier_kernel, 1, comm, cfg)
