@@ -105,3 +105,26 @@ def debug_off_body(rank, world_size):
 def test_debug_off_exchanges_nothing():
     for ok, exchanges in run_world(debug_off_body, WORLD, env={"IRIS_DEBUG": "0"}, timeout=240):
         assert ok and exchanges == 0
+
+
+def freed_body(rank, world_size):
+    """A heap tensor freed and then handed to a collective is refused (debug mode); the same
+    call on a live tensor works."""
+    with iris.mem.init(1 << 20) as heap:
+        x = heap.full((300,), float(rank + 1))
+        heap.free(x)
+        caught = []
+        for call in (lambda: iris.ccl.all_reduce(x, x), lambda: iris.ccl.broadcast(x[1:], src=0)):
+            try:
+                call()
+            except iris.mem.UseAfterFreeError as e:
+                caught.append(str(e))
+        y = heap.full((300,), float(rank + 1))  # reuses x's range: live again
+        iris.ccl.all_reduce(y, y)
+        return caught, bool((y == sum(range(1, world_size + 1))).all())
+
+
+def test_freed_heap_tensors_are_refused():
+    for caught, ok in run_world(freed_body, WORLD, env=DEBUG, timeout=240):
+        assert ok
+        assert len(caught) == 2 and all("freed" in c for c in caught), caught

@@ -2,8 +2,9 @@
 
 Property: random sequences of heap calls (factories with random shapes including 0 and odd
 dims, dtypes, bad arguments, oversized requests, ``as_symmetric`` / ``is_symmetric``,
-``broadcast`` of small objects) give torch's result or a clear exception, never a crash or
-a hang, and every rank allocates at the same offsets.
+``broadcast`` of small objects, ``free`` of a live tensor) give torch's result or a clear
+exception, never a crash or a hang, every rank allocates at the same offsets, and no
+allocation overwrites a live tensor.
 
 All ranks of ONE world run the same derandomized hypothesis test, so they draw the same
 examples in the same order; after every example the ranks agree on its outcome with
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(600)
 
 WORLD = 2
 HEAP = 64 << 20
-#: The heap is a bump allocator without free: start a new one when less than this is left.
+#: Start a new heap when less than this is left (examples free only some of what they make).
 REFRESH_BELOW = 1 << 20
 #: Largest element count of one drawn shape (at most 8 bytes each: 8 KiB per tensor).
 MAX_NUMEL = 1024
@@ -88,6 +89,7 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
                     "is_symmetric",
                     "broadcast",
                     "bad_device",
+                    "free",
                 ]
             ),
             label="kind",
@@ -212,7 +214,7 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
         elif kind == "bad_size":
             name = data.draw(st.sampled_from(["zeros", "ones", "empty", "rand", "full"]))
             shape = list(data.draw(shapes()))
-            bad = data.draw(st.sampled_from([-1, -5, 2.0, "3", None, [2], 1.5]))
+            bad = data.draw(st.sampled_from([-1, -5, 2.0, "3", None, [2, None], 1.5]))
             shape.insert(data.draw(st.integers(0, len(shape))), bad)
             if name == "full":
                 expect_error(lambda: heap.full(tuple(shape), 1.0), f"full{shape}")
@@ -321,6 +323,15 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
                 expect_error(
                     lambda bad=bad: heap.broadcast(value, src=bad), f"broadcast(src={bad!r})", ValueError
                 )
+        elif kind == "free":
+            if live:
+                t, _ = live.pop(data.draw(st.integers(0, len(live) - 1), label="which"))
+                before = heap.used_bytes
+                heap.free(t)
+                freed = before - heap.used_bytes
+                assert freed == (t.numel() * t.element_size() + 255) // 256 * 256, f"free gave back {freed}"
+                mark[0] = heap.used_bytes
+                log.append(f"free:{freed}")
         elif kind == "bad_device":
             dev = data.draw(st.sampled_from(["meta", "cuda", "cuda:1"]))
             expect_error(lambda: heap.zeros(2, 3, device=dev), f"zeros(device={dev})")

@@ -305,7 +305,10 @@ def test_bad_input_raises_clear_errors():
         assert caught[name][0] == etype, f"{name}: {caught[name]}"
         assert fragment in caught[name][1], f"{name}: {caught[name][1]!r} lacks {fragment!r}"
     assert "free" in caught["exhausted"][1] and "heap_size" in caught["exhausted"][1]
-    assert "0 of 65536 bytes free" in caught["exhausted_exact"][1]
+    assert (
+        "0 bytes free" in caught["exhausted_exact"][1]
+        and "65536 of 65536 bytes in use" in caught["exhausted_exact"][1]
+    )
     assert unchanged, "a failed allocation must not consume heap space"
     assert full_numel > 0
     assert required_shape == (3,)

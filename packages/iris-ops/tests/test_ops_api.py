@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from ops_testutils import assert_clean, rand
+from ops_testutils import assert_clean, rand, summed
 
 from iris.mem.testing import run_world
 
@@ -227,3 +227,41 @@ def flags_body(rank, world_size):
 
 def test_launch_flags_follow_the_layout():
     assert_clean(run_world(flags_body, 2, timeout=120), 1)
+
+
+def workspace_memory_body(rank, world_size):
+    """A workspace on the output's heap survives the caller's heap.scope() and gives its
+    memory back when released; a freed operand is refused in debug mode."""
+    import iris.mem
+    import iris.ops
+
+    bad: list[str] = []
+    with iris.mem.init(1 << 22) as heap:
+        before = heap.memory_stats().in_use_bytes
+        a, b = rand((5, 6), torch.float32, seed=rank), rand((6, 7), torch.float32, seed=10)
+        with heap.scope():
+            out = heap.empty((5, 7))
+            iris.ops.matmul_all_reduce(out, a, b)
+            prepared = heap.memory_stats().in_use_bytes
+        if heap.memory_stats().in_use_bytes != prepared - 256:  # only out went back
+            bad.append(f"the scope took the workspace: {before} -> {prepared} -> {heap.memory_stats()}")
+        out = heap.empty((5, 7))
+        iris.ops.matmul_all_reduce(out, a, b)  # the same workspace again, on a fresh out
+        want = summed(a @ b).float()
+        if not torch.allclose(out, want, atol=1e-4, rtol=1e-4):
+            bad.append("wrong result with the workspace kept across the scope")
+        heap.free(out)
+        try:
+            iris.ops.matmul_all_reduce(out, a, b)
+            bad.append("a freed output was accepted")
+        except iris.mem.UseAfterFreeError:
+            pass
+        iris.ops.release_workspaces()
+        after = heap.memory_stats()
+        if after.in_use_bytes != before or after.free_ranges != 1:
+            bad.append(f"release_workspaces kept memory: {before} -> {after}")
+    return {"bad": bad, "cases": 1}
+
+
+def test_workspaces_give_memory_back():
+    assert_clean(run_world(workspace_memory_body, 2, env={"IRIS_DEBUG": "1"}, timeout=240), 1)

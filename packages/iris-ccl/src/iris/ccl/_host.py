@@ -25,10 +25,12 @@ _log = get_logger(__name__)
 
 
 def check_tensor(t: Any, name: str) -> torch.Tensor:
-    """A clear TypeError for non-tensors and unsupported dtypes."""
+    """A clear TypeError for non-tensors and unsupported dtypes (and, in debug mode, an
+    error for a tensor in a freed range of a heap)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     check_dtype(t.dtype, name)
+    iris.mem.check_live(t, name)
     return t
 
 

@@ -12,9 +12,16 @@ from . import settings
 
 settings.configure_triton()
 
+from ._alloc import MemoryStats  # noqa: E402
 from ._version import __version__  # noqa: E402
-from .errors import DeviceWaitTimeout, HeapMismatchError, HeapPointerError, IrisError  # noqa: E402
-from .heap import SymmetricHeap, heap_of, init  # noqa: E402
+from .errors import (  # noqa: E402
+    DeviceWaitTimeout,
+    HeapMismatchError,
+    HeapPointerError,
+    IrisError,
+    UseAfterFreeError,
+)
+from .heap import SymmetricHeap, check_live, heap_of, init  # noqa: E402
 from .machine import Capabilities, capabilities, capturing, default_device, synchronize  # noqa: E402
 from .settings import debug as debug_enabled  # noqa: E402
 from .settings import wait_budget_ns, wait_timeout  # noqa: E402
@@ -25,10 +32,13 @@ __all__ = [
     "HeapMismatchError",
     "HeapPointerError",
     "IrisError",
+    "MemoryStats",
     "SymmetricHeap",
+    "UseAfterFreeError",
     "__version__",
     "capabilities",
     "capturing",
+    "check_live",
     "debug_enabled",
     "default_device",
     "heap_of",

@@ -17,3 +17,8 @@ class DeviceWaitTimeout(IrisError):
 
 class HeapPointerError(IrisError):
     """A translated pointer falls outside the target rank's heap (debug mode)."""
+
+
+class UseAfterFreeError(IrisError, ValueError):
+    """A tensor passed to Iris lies in a range of the symmetric heap that was freed (debug
+    mode checks the tensors Iris's own collectives and ops are given)."""

@@ -1,27 +1,33 @@
 """The symmetric heap: one equal-sized region per rank, allocated in lockstep.
 
-Every rank allocates the same sequence of tensors, so a tensor at byte offset ``o`` in
-this rank's heap has a twin at offset ``o`` in every peer's heap; a kernel reaches the
-twin on rank ``r`` by translating its pointer with the table of heap bases (see
-:func:`iris.mem.triton.translate`).
+Every rank allocates and frees the same sequence of tensors, so a tensor at byte offset
+``o`` in this rank's heap has a twin at offset ``o`` in every peer's heap; a kernel reaches
+the twin on rank ``r`` by translating its pointer with the table of heap bases (see
+:func:`iris.mem.triton.translate`). Allocation is deterministic first fit
+(:mod:`iris.mem._alloc`); memory comes back through :meth:`SymmetricHeap.free`,
+:meth:`SymmetricHeap.scope` and :meth:`SymmetricHeap.close`, never through garbage
+collection, whose order differs between ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import numbers
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import settings as _settings
+from ._alloc import FirstFit, MemoryStats
 from .backends import Backend, create_backend
 from .bootstrap import Communicator, ensure_initialized, resolve_group
-from .errors import HeapMismatchError
+from .errors import HeapMismatchError, UseAfterFreeError
 from .log import get_logger
-from .machine import Capabilities, capabilities
+from .machine import Capabilities, capabilities, capturing
 
 _log = get_logger(__name__)
 
@@ -52,6 +58,22 @@ def _parse_size(size: tuple[Any, ...]) -> tuple[int, ...]:
 
 def _align(value: int) -> int:
     return (value + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+@dataclasses.dataclass(eq=False)
+class _Allocation:
+    """One live allocation: where it is, what it holds, and its place in the sequence."""
+
+    index: int  # number of the caller's allocation (-1: the heap's own bookkeeping)
+    offset: int
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    live: bool = True
+
+    def describe(self) -> str:
+        what = f"allocation #{self.index}" if self.index >= 0 else "internal allocation"
+        return f"{what} at offset {self.offset}, {self.nbytes} bytes, shape {list(self.shape)}, {self.dtype}"
 
 
 class SymmetricHeap:
@@ -92,8 +114,12 @@ class SymmetricHeap:
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._heap, bases = self._backend.map_heaps(heap_size, self._comm)
         self._base = self._heap.data_ptr()
-        self._offset = 0
-        self._allocations = 0
+        self._allocator = FirstFit(heap_size, ALIGNMENT)
+        self._records: dict[int, _Allocation] = {}  # offset -> live allocation (non-empty ones)
+        self._allocations = 0  # the caller's allocations so far (numbers them)
+        self._frees = 0  # the caller's frees so far (numbers them in debug checks)
+        self._scopes: list[list[_Allocation]] = []
+        self._unscoped = 0
         header = [self.rank, self.world_size, heap_size, CONTEXT_FLAG_DEBUG if self.debug else 0]
         self._context = torch.tensor(header + bases + [0], dtype=torch.int64, device=self.device)
         # Imported here, not at the top: ``python -m iris.mem.tracing`` must find the module
@@ -148,13 +174,14 @@ class SymmetricHeap:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of this rank's heap handed out so far (including alignment padding)."""
-        return self._offset
+        """Bytes of this rank's heap held by live allocations (including alignment padding)."""
+        return self._allocator.in_use
 
     @property
     def free_bytes(self) -> int:
-        """Bytes of this rank's heap still free."""
-        return self.heap_size - self._offset
+        """Bytes of this rank's heap not held by an allocation (possibly in several ranges:
+        :meth:`memory_stats` gives the largest)."""
+        return self.heap_size - self._allocator.in_use
 
     @property
     def group(self) -> dist.ProcessGroup | None:
@@ -196,6 +223,8 @@ class SymmetricHeap:
             raise RuntimeError("this SymmetricHeap is closed")
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, check: bool = True) -> torch.Tensor:
+        """A tensor on the heap. ``check=False``: the heap's own bookkeeping (sync flags),
+        left out of the caller's numbering, of the debug check and of scopes."""
         self._check_open()
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
@@ -203,20 +232,197 @@ class SymmetricHeap:
         for d in shape:
             numel *= d
         nbytes = numel * dtype.itemsize
-        offset = self._offset
-        end = offset + _align(nbytes)
-        if end > self.heap_size:
+        if nbytes > self.heap_size:
+            offset = None
+        else:  # empty tensors take no space: they sit at offset 0
+            offset = self._allocator.allocate(nbytes) if nbytes else 0
+        if offset is None:
             raise MemoryError(
                 f"symmetric heap exhausted on rank {self.rank}: requested {nbytes} bytes "
-                f"(shape {list(shape)}, {dtype}), {self.heap_size - offset} of {self.heap_size} bytes free; "
-                "pass a larger heap_size to iris.mem.init()"
+                f"(shape {list(shape)}, {dtype}); {self.memory_stats().summary()}. Memory comes back "
+                "only through heap.free(), heap.scope() and heap.close() (dropping a tensor frees nothing); "
+                "free what you no longer need, or pass a larger heap_size to iris.mem.init()"
             )
         if check and self.debug:
-            self._check_sequence(offset, nbytes, shape, dtype)
-        self._offset = end
+            try:
+                self._check_sequence(offset, nbytes, shape, dtype)
+            except BaseException:
+                if nbytes:
+                    self._allocator.release(offset, undo=True)
+                raise
+        record = _Allocation(self._allocations if check else -1, offset, nbytes, tuple(shape), dtype)
+        if nbytes:
+            self._records[offset] = record
+            if check and self._scopes and not self._unscoped:
+                self._scopes[-1].append(record)
         if check:  # number user allocations from 0; internal ones come first on every rank
             self._allocations += 1
         return self._heap[offset : offset + nbytes].view(dtype).view(shape)
+
+    def _undo(self, tensor: torch.Tensor) -> None:
+        """Give back the allocation just made for ``tensor`` (a factory whose fill failed),
+        as if it had not been made."""
+        self._allocations -= 1
+        record = self._records.pop(self._offset_of(tensor), None)
+        if record is not None:
+            record.live = False
+            self._allocator.release(record.offset, undo=True)
+
+    def _offset_of(self, tensor: torch.Tensor) -> int:
+        return tensor.data_ptr() - self._base
+
+    # ------------------------------------------------------------------ giving memory back
+    def free(self, *tensors: torch.Tensor, sync: bool = True) -> None:
+        """Give the allocations of ``tensors`` back to the heap (collective: every rank frees
+        the same allocations in the same order). Later allocations reuse the space.
+
+        Each tensor must start where its allocation starts: the tensor a factory returned,
+        or a view of it beginning at its first element. Views of a freed tensor keep
+        pointing at the freed range, which a later allocation may reuse: do not use them.
+        With ``IRIS_DEBUG=1`` the ranks check that they free the same allocations in the same
+        order, and Iris's collectives and ops reject tensors in freed ranges.
+
+        :param sync: first wait until every rank's work queued before this call (on the
+            current stream) has finished, so no peer still reads or writes the range when it
+            is reused: a device barrier on GPUs, capturable and without a host
+            synchronisation; a host barrier where kernels complete on launch (the CPU
+            backend). ``False`` skips it, for callers that have synchronised already (for
+            instance right after a collective that ends with a barrier).
+        :raises ValueError: a tensor is not on this heap, was freed already, does not start
+            its allocation, or appears twice.
+        :raises RuntimeError: called while a CUDA graph is being captured (allocate and free
+            outside the capture).
+        """
+        self._check_open()
+        records = self._records_of(tensors, "free")
+        self._release(records, sync)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[SymmetricHeap]:
+        """``with heap.scope():`` frees every allocation made inside it at exit (collective,
+        like :meth:`free`, in reverse order of allocation, after one synchronisation);
+        allocations already freed inside are skipped. Scopes nest: an inner scope gives
+        back its own allocations at its exit.
+
+        When the block raises, the allocations are given back without synchronising with
+        the peers (a peer may not have raised), and the exception propagates.
+        """
+        self._check_open()
+        frame: list[_Allocation] = []
+        self._scopes.append(frame)
+        try:
+            yield self
+        except BaseException:
+            self._scopes.remove(frame)
+            self._release_local([r for r in reversed(frame) if r.live])
+            raise
+        self._scopes.remove(frame)
+        self._release([r for r in reversed(frame) if r.live], sync=True)
+
+    @contextlib.contextmanager
+    def unscoped(self) -> Iterator[SymmetricHeap]:
+        """Allocations made inside belong to no enclosing :meth:`scope`: for libraries that
+        keep buffers beyond the caller's scope (iris.ops' workspaces) and free them
+        themselves."""
+        self._unscoped += 1
+        try:
+            yield self
+        finally:
+            self._unscoped -= 1
+
+    def memory_stats(self) -> MemoryStats:
+        """Bytes in use, free, peak, the largest free range, allocation counts
+        (:class:`~iris.mem.MemoryStats`; ``.as_dict()`` for a dict). The heap's own sync
+        flags count as in use."""
+        return self._allocator.stats()
+
+    def _records_of(self, tensors, what: str) -> list[_Allocation]:
+        """The live allocations ``tensors`` start, checked (and, in debug mode, agreed by
+        every rank before any is given back)."""
+        records, problem = [], None
+        for i, tensor in enumerate(tensors):
+            if not isinstance(tensor, torch.Tensor):
+                problem = TypeError(f"{what}: argument {i} is a {type(tensor).__name__}, not a heap tensor")
+                break
+            if not self.is_symmetric(tensor):
+                problem = ValueError(f"{what}: argument {i} is not on this symmetric heap")
+                break
+            if tensor.numel() == 0 or tensor.element_size() == 0:
+                continue  # empty tensors hold no space
+            record = self._records.get(self._offset_of(tensor))
+            if record is None or self._records_owner(tensor) is not record:
+                problem = ValueError(
+                    f"{what}: argument {i} ({list(tensor.shape)}, {tensor.dtype}) does not start a live "
+                    "allocation of this heap: it was freed already, or it is a view that does not begin "
+                    "where its allocation does (pass the tensor the factory returned)"
+                )
+                break
+            if record in records:
+                problem = ValueError(f"{what}: argument {i} frees the same allocation twice")
+                break
+            records.append(record)
+        if self.debug:
+            self._check_frees(records, problem)
+        if problem is not None:
+            raise problem
+        return records
+
+    def _check_frees(self, records: list[_Allocation], problem: Exception | None) -> None:
+        entry = f"error: {problem}" if problem is not None else [r.describe() for r in records]
+        entries = self._comm.all_gather_object((self._frees, entry))
+        self._frees += 1
+        if len({repr(e) for e in entries}) != 1:
+            table = "; ".join(
+                f"rank {r}: free #{n} of " + (e if isinstance(e, str) else ", ".join(e) or "nothing")
+                for r, (n, e) in enumerate(entries)
+            )
+            raise HeapMismatchError(
+                "ranks freed different allocations of the symmetric heap (IRIS_DEBUG); every rank must free "
+                f"the same allocations in the same order: {table}"
+            )
+
+    def _release(self, records: list[_Allocation], sync: bool) -> None:
+        if not records:
+            return
+        if capturing(self.device):
+            raise RuntimeError(
+                "heap.free() and heap.scope() cannot run while a CUDA graph is captured: allocate and free "
+                "outside the capture (the graph replays its kernels, not the host's bookkeeping)"
+            )
+        if sync:
+            self._quiesce()
+        self._release_local(records)
+
+    def _release_local(self, records: list[_Allocation]) -> None:
+        for record in records:
+            record.live = False
+            del self._records[record.offset]
+            self._allocator.release(record.offset)
+
+    def _quiesce(self) -> None:
+        """Wait until every rank's queued work on the heap has finished (see :meth:`free`)."""
+        if self._backend.interpreted:  # launches complete before they return
+            self._comm.barrier()
+        else:
+            self.device_barrier()
+
+    def _records_owner(self, tensor: torch.Tensor) -> _Allocation | None:
+        """The live allocation holding all of ``tensor`` (on this heap), or None."""
+        start, end = self._span(tensor)
+        offset = self._allocator.owner(start - self._base, end - self._base)
+        return None if offset is None else self._records.get(offset)
+
+    def check_live(self, tensor: torch.Tensor, name: str = "tensor") -> None:
+        """Raise :class:`~iris.mem.UseAfterFreeError` when ``tensor`` (on this heap) lies in a
+        range that is not one live allocation. Iris's collectives and ops call it in debug
+        mode; empty tensors always pass."""
+        if tensor.numel() and self.is_symmetric(tensor) and self._records_owner(tensor) is None:
+            start, end = self._span(tensor)
+            raise UseAfterFreeError(
+                f"{name} ({list(tensor.shape)}, {tensor.dtype}) lies in bytes [{start - self._base}, "
+                f"{end - self._base}) of the symmetric heap, which no live allocation holds: it (or the "
+                "tensor it is a view of) was freed with heap.free() or at the end of a heap.scope()"
+            )
 
     def _check_sequence(self, offset: int, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         entry = (self._allocations, offset, nbytes, tuple(shape), str(dtype))
@@ -262,7 +468,6 @@ class SymmetricHeap:
                 )
             tensor = out
         else:
-            offset, allocations = self._offset, self._allocations
             tensor = self._allocate(shape, dtype)
         if fill is not None:
             try:
@@ -270,7 +475,7 @@ class SymmetricHeap:
                     fill(tensor)
             except Exception:
                 if out is None:
-                    self._offset, self._allocations = offset, allocations
+                    self._undo(tensor)
                 raise
         if requires_grad:
             tensor.requires_grad_(True)
@@ -412,17 +617,20 @@ class SymmetricHeap:
             return False
         if tensor.device != self.device:
             return False
+        start, end = self._span(tensor)
+        return self._base <= start and end <= self._base + self.heap_size
+
+    @staticmethod
+    def _span(tensor: torch.Tensor) -> tuple[int, int]:
+        """Addresses of the first byte ``tensor`` can address and one past its last."""
         if tensor.numel() == 0:
             # data_ptr() of an empty tensor is 0; its storage offset still says where it is.
-            start = end = (
-                tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
-            )
-        else:
-            lo = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if st < 0)
-            hi = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if st > 0)
-            start = tensor.data_ptr() + lo * tensor.element_size()
-            end = tensor.data_ptr() + (hi + 1) * tensor.element_size()
-        return self._base <= start and end <= self._base + self.heap_size
+            start = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
+            return start, start
+        lo = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if st < 0)
+        hi = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if st > 0)
+        start = tensor.data_ptr() + lo * tensor.element_size()
+        return start, tensor.data_ptr() + (hi + 1) * tensor.element_size()
 
     def peer_tensor(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
         """A tensor of this process aliasing ``tensor``'s twin in ``rank``'s heap (same
@@ -529,11 +737,24 @@ class SymmetricHeap:
 
 
 def heap_of(tensor: torch.Tensor) -> SymmetricHeap | None:
-    """The open heap of this process that ``tensor`` lies on, or None."""
+    """The open heap of this process that ``tensor`` lies on, or None. In debug mode
+    (``IRIS_DEBUG=1``) a tensor in a freed range of the heap raises
+    :class:`~iris.mem.UseAfterFreeError`."""
     for heap in list(_OPEN_HEAPS):
         if heap.is_symmetric(tensor):
+            if heap.debug:
+                heap.check_live(tensor)
             return heap
     return None
+
+
+def check_live(tensor: torch.Tensor, name: str = "tensor") -> None:
+    """In debug mode (``IRIS_DEBUG=1``), raise :class:`~iris.mem.UseAfterFreeError` when
+    ``tensor`` lies in a freed range of an open heap; otherwise do nothing. Libraries built
+    on iris.mem (iris.ccl, iris.ops) call it on every tensor they are given."""
+    for heap in list(_OPEN_HEAPS):
+        if heap.debug:
+            heap.check_live(tensor, name)
 
 
 def init(

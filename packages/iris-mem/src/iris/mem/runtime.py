@@ -84,15 +84,27 @@ class SyncState:
         self.slots = slots
         self.what, self.advice = what, advice
         # Not the caller's allocations: left out of the debug check of allocation sequences.
-        self.member_table = heap._allocate((self.size,), torch.int32, check=False)
+        made: list[torch.Tensor] = []
+        try:
+            for numel, dtype in ((self.size, torch.int32), (slots * self.size, torch.int32),
+                                 (slots, torch.int32), (STATUS_WORDS, torch.int64)):  # fmt: skip
+                made.append(heap._allocate((numel,), dtype, check=False).zero_())
+        except MemoryError:  # every rank fails at the same allocation: give back the others
+            heap._release_local([heap._records[t.data_ptr() - heap._base] for t in made])
+            raise
+        self.member_table, self.flags, self.epochs, self.status = made
         self.member_table.copy_(torch.tensor(self.members, dtype=torch.int32))
-        self.flags = heap._allocate((slots * self.size,), torch.int32, check=False).zero_()
-        self.epochs = heap._allocate((slots,), torch.int32, check=False).zero_()
-        self.status = heap._allocate((STATUS_WORDS,), torch.int64, check=False).zero_()
 
     @property
     def capabilities(self) -> Capabilities:
         return self.heap.capabilities
+
+    def release(self, *buffers: torch.Tensor) -> None:
+        """Give the state's memory (and ``buffers``, heap tensors kept beside it) back to the
+        heap: collective over the heap's ranks, after a synchronisation
+        (:meth:`~iris.mem.SymmetricHeap.free`). Kernels must not use the state afterwards."""
+        if not self.heap.closed:
+            self.heap.free(*buffers, self.member_table, self.flags, self.epochs, self.status)
 
     def kernel_args(self) -> tuple:
         """The leading arguments of a kernel over this state (see the module docstring)."""

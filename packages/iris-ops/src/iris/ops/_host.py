@@ -22,6 +22,7 @@ def _tensor(t: Any, name: str, op: str, ndim: int) -> torch.Tensor:
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {list(t.shape)}")
+    iris.mem.check_live(t, f"{op}: {name}")
     return t
 
 

@@ -54,6 +54,7 @@ class Workspace:
         self.sync: SyncState | None = None
         self._signature: tuple | None = None
         self._owns_heap = False
+        self._allocations: list[torch.Tensor] = []  # the heap tensors behind ``buffers``
 
     @property
     def prepared(self) -> bool:
@@ -61,12 +62,15 @@ class Workspace:
         return self._signature is not None and self.heap is not None and not self.heap.closed
 
     def close(self) -> None:
-        """Release the workspace (and its heap, when it made one). Collective when it made a
-        heap: every rank closes its workspace. A closed workspace can be prepared again."""
+        """Release the workspace: close its heap when it made one, else give its buffers
+        back to the heap it used (:meth:`iris.mem.SymmetricHeap.free`). Collective: every
+        rank closes its workspace. A closed workspace can be prepared again."""
         if self._owns_heap and self.heap is not None:
             self.heap.close()
+        elif self.sync is not None:
+            self.sync.release(*self._allocations)
         self.heap, self.buffers, self._signature, self.op, self._owns_heap = None, {}, None, None, False
-        self.sync = None
+        self.sync, self._allocations = None, []
         _LIVE.discard(self)
 
     def check(self) -> None:
@@ -136,26 +140,33 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
         nbytes = sum(-(-max(n, 1) * dt.itemsize // _ALIGN) * _ALIGN for n, dt in sizes) + (64 << 10)
         heap = iris.mem.init(nbytes, backend=iris.mem.capabilities(device).backend, group=group)
     buffers: dict[str, torch.Tensor] = {}
+    allocations: list[torch.Tensor] = []
+    sync = None
     try:
-        # Members are the group's heap ranks: the heap spans exactly the group, in group order.
-        sync = SyncState(
-            heap, range(group_size), MAX_PROGRAMS, f"iris.ops.{op}",
-            "every rank of the group must call the same op with the same shapes. The workspace is no "
-            "longer consistent: close it and use a new one",
-        )  # fmt: skip
-        for name, numel, dtype in every:  # at least one element each, so every pointer is valid
-            make = heap.zeros if dtype in (torch.int32, torch.int64) else heap.empty
-            buffers[name] = make(max(numel, 1), dtype=dtype)[:numel]
+        # The workspace outlives the caller's heap.scope(), if any: it frees its buffers itself.
+        with heap.unscoped():
+            # Members are the group's heap ranks: the heap spans exactly the group, in group order.
+            sync = SyncState(
+                heap, range(group_size), MAX_PROGRAMS, f"iris.ops.{op}",
+                "every rank of the group must call the same op with the same shapes. The workspace is "
+                "no longer consistent: close it and use a new one",
+            )  # fmt: skip
+            for name, numel, dtype in every:  # at least one element each, so every pointer is valid
+                make = heap.zeros if dtype in (torch.int32, torch.int64) else heap.empty
+                allocations.append(make(max(numel, 1), dtype=dtype))
+                buffers[name] = allocations[-1][:numel]
     except MemoryError as e:
         if owns:
             heap.close()
+        elif sync is not None:  # every rank ran out at the same allocation: give back the rest
+            sync.release(*allocations)
         raise MemoryError(
             f"{e}. iris.ops keeps its workspace on the heap of the output tensor when the output is on a "
             "symmetric heap; make that heap larger, or pass an output that is not on a heap"
         ) from None
     heap.barrier()  # every rank's flags are zero before any peer can signal them
     workspace.op, workspace.heap, workspace.buffers, workspace.sync = op, heap, buffers, sync
-    workspace._signature, workspace._owns_heap = signature, owns
+    workspace._signature, workspace._owns_heap, workspace._allocations = signature, owns, allocations
     _log.debug(
         "workspace for %s prepared: %d buffers, %d bytes, on %s heap",
         _describe(signature),
