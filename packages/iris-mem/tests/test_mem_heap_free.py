@@ -119,7 +119,7 @@ def scopes_body(rank, world_size):
         except KeyError:
             pass
         after_raise = heap.memory_stats()
-        assert torch.equal(keep, torch.full((5,), rank, dtype=torch.int32)), (
+        assert torch.equal(keep.cpu(), torch.full((5,), rank, dtype=torch.int32)), (
             "a scope touched a tensor outside it"
         )
         heap.free(keep)
@@ -185,6 +185,7 @@ def fragmentation_body(rank, world_size):
 
 
 def test_fragmentation_then_merge():
+    require_world(2)
     results = run_world(fragmentation_body, 2, timeout=120)
     assert results[0][:4] == results[1][:4] and results[0][5] == results[1][5]
     count, ranges, largest, fitted_before, message, at_first = results[0]
@@ -277,6 +278,7 @@ def debug_use_after_free_body(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_debug_catches_a_rank_freeing_in_another_order(world_size):
+    require_world(world_size)
     results = run_world(debug_order_body, world_size, timeout=120, env={"IRIS_DEBUG": "1"})
     for rank, message in enumerate(results):
         assert message is not None, f"rank {rank} did not raise"
@@ -369,11 +371,11 @@ def contents_body(rank, world_size):
                 except MemoryError:
                     log.append("full")
                     continue
-                t.copy_(pattern(n, dtype, rank, salt))
+                t.copy_(pattern(n, dtype, rank, salt).to(t.device))
                 live.append((t, salt))
                 log.append(t.data_ptr() - heap.get_heap_bases()[rank].item() if n else "empty")
                 for u, s in live:
-                    assert torch.equal(u, pattern(u.numel(), u.dtype, rank, s)), (
+                    assert torch.equal(u.cpu(), pattern(u.numel(), u.dtype, rank, s)), (
                         "a live tensor was overwritten"
                     )
         finally:
@@ -390,6 +392,7 @@ def contents_body(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_random_allocate_free_keeps_contents(world_size):
+    require_world(world_size)
     results = run_world(contents_body, world_size, timeout=300)
     assert all(r >= 60 for r in results), results
 
