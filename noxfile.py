@@ -59,7 +59,9 @@ def _package_paths() -> list[str]:
 
 
 def _test_dirs() -> list[str]:
-    return [f"packages/{p}/tests" for p in PACKAGES if (ROOT / "packages" / p / "tests").is_dir()]
+    """Every package's tests, then the repository's own (tests/docs: the docs' code blocks)."""
+    dirs = [f"packages/{p}/tests" for p in PACKAGES if (ROOT / "packages" / p / "tests").is_dir()]
+    return dirs + [d for d in ("tests",) if (ROOT / d).is_dir()]
 
 
 def _cpu_env() -> dict[str, str]:
