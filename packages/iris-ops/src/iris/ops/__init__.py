@@ -5,6 +5,8 @@ they are computed (or fetched just before they are needed), so communication hid
 compute: :func:`matmul_all_reduce`, :func:`all_gather_matmul`, :func:`matmul_all_gather`,
 :func:`matmul_reduce_scatter`. Each takes ``group``, ``async_op``, ``config`` (a
 :class:`Config`) and a reusable ``workspace`` (a :class:`Workspace`).
+:func:`all_reduce_rmsnorm` fuses the all-reduce that ends a tensor-parallel layer with the
+residual add and RMSNorm after it (its config: :class:`AllReduceRMSNormConfig`).
 """
 
 import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are interpreted
@@ -12,6 +14,7 @@ from iris.ccl import Work
 
 from ._version import __version__
 from .all_gather_matmul import all_gather_matmul
+from .all_reduce_rmsnorm import AllReduceRMSNormConfig, all_reduce_rmsnorm
 from .config import Config
 from .matmul_all_gather import matmul_all_gather
 from .matmul_all_reduce import matmul_all_reduce
@@ -19,11 +22,13 @@ from .matmul_reduce_scatter import matmul_reduce_scatter
 from .workspace import Workspace, check_errors, release_workspaces
 
 __all__ = [
+    "AllReduceRMSNormConfig",
     "Config",
     "Work",
     "Workspace",
     "__version__",
     "all_gather_matmul",
+    "all_reduce_rmsnorm",
     "check_errors",
     "matmul_all_gather",
     "matmul_all_reduce",

@@ -1,0 +1,548 @@
+"""``iris.ops.all_reduce_rmsnorm`` against torch: ``torch.distributed.all_reduce`` of float64
+copies of the inputs, the residual added and the RMSNorm computed in float64.
+
+Each world test starts one real world (``run_world``) and loops over its cases inside the
+ranks; a case is a dtype, a shape ``(tokens, hidden)`` (hidden not a multiple of any block,
+tokens not a multiple of the group size), the form (``ll``, ``rs_ag`` or chosen
+automatically), residual and residual_out (none, plain, on a heap, in place), the kind of
+output (plain, strided, on a heap, ``inp`` itself) and sometimes a forced block size (rows
+processed in several pieces) or program count. The argument checks run without a world.
+"""
+
+import pytest
+import torch
+from ops_testutils import (
+    BACKEND,
+    assert_clean,
+    dtype_name,
+    make_out,
+    rand,
+    require_world,
+    run_cases,
+    seed,
+    setup_rank,
+    summed,
+)
+
+from iris.mem.testing import run_world
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+WORLD_TIMEOUT = 240.0
+HEAP = 1 << 25
+BF, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+#: Error allowed, relative to the largest element of the exact result: the output is
+#: rounded once from fp32, twice where ``s`` is read back from a ``residual_out`` that is
+#: ``residual`` (half a unit in the last place each; a whole unit for bf16 in Triton's
+#: interpreter, which truncates fp32 to bf16); fp32 sums of squares over a few thousand
+#: elements.
+TOL = {FP32: 2.0**-14, FP16: 2.0**-9, BF: 2.0**-6}
+EPS = 1e-5
+
+# Every world size, dtype, form, residual kind and output kind appears below; the world of
+# 3 (odd, tokens not divisible by it) carries most of them.
+CASES = {
+    1: [
+        dict(dtype=BF, shape=(3, 1000), form="ll", res="plain", rout="plain", out_kind="plain"),
+        dict(dtype=FP32, shape=(5, 37), form="rs_ag", res="none", rout="none", out_kind="heap"),
+    ],
+    2: [
+        dict(dtype=BF, shape=(1, 4097), form="auto", res="plain", rout="heap", out_kind="heap"),
+        dict(
+            dtype=FP16,
+            shape=(37, 1000),
+            form="rs_ag",
+            res="plain",
+            rout="plain",
+            out_kind="strided",
+            repeat=2,
+        ),
+        dict(dtype=FP32, shape=(3, 1000), form="ll", res="none", rout="none", out_kind="inplace", repeat=2),
+    ],
+    3: [
+        dict(dtype=BF, shape=(3, 1000), form="ll", res="plain", rout="inplace", out_kind="plain", repeat=2),
+        dict(dtype=FP16, shape=(1, 1000), form="ll", res="none", rout="plain", out_kind="heap", w=FP32),
+        dict(dtype=FP32, shape=(37, 1000), form="rs_ag", res="plain", rout="heap", out_kind="heap", repeat=2),
+        dict(dtype=BF, shape=(37, 1000), form="rs_ag", res="plain", rout="inplace", out_kind="inplace"),
+        dict(dtype=FP16, shape=(3, 4097), form="rs_ag", res="plain", rout="plain", out_kind="strided"),
+        # Rows in several pieces (block < hidden), s read back from residual_out.
+        dict(dtype=BF, shape=(5, 1000), form="ll", res="plain", rout="inplace", out_kind="plain", block=256),
+        dict(dtype=FP32, shape=(2, 1000), form="auto", res="none", rout="none", out_kind="plain", programs=1),
+        # The pushes spread over the programs in pieces (one program: the interpreter runs
+        # programs one after another, and a piece may belong to a row of another program).
+        dict(
+            dtype=FP16,
+            shape=(3, 1000),
+            form="ll",
+            res="plain",
+            rout="plain",
+            out_kind="plain",
+            programs=1,
+            spread=True,
+        ),
+    ],
+    4: [
+        dict(dtype=BF, shape=(3, 1000), form="auto", res="plain", rout="plain", out_kind="heap"),
+        dict(dtype=FP32, shape=(37, 1000), form="auto", res="none", rout="heap", out_kind="plain"),
+    ],
+}
+
+# The exhaustive matrix (``nox -s tests_full``): every form x dtype x residual kind at
+# worlds 2-4, odd shapes, several pieces per row.
+FULL = [
+    dict(dtype=dt, shape=shape, form=form, res=res, rout=rout, out_kind=out_kind, block=block)
+    for dt in (BF, FP16, FP32)
+    for form in ("ll", "rs_ag")
+    for res, rout in (
+        ("none", "none"),
+        ("plain", "none"),
+        ("plain", "plain"),
+        ("plain", "inplace"),
+        ("none", "heap"),
+    )
+    for out_kind, shape, block in (("heap", (37, 1000), 0), ("inplace", (3, 4097), 1024))
+]
+
+
+def _vector(dtype, n, case, which):
+    return rand((n,), dtype, seed(0, case, which))  # the same on every rank
+
+
+def norm_case(
+    rank, world, case, heap, dtype, shape, form, res, rout, out_kind, repeat=1, w=None, block=0, programs=0,
+    spread=None, group=None,
+):  # fmt: skip
+    """``repeat`` calls on one workspace, fresh inputs each, against the float64 reference;
+    returns the problems found."""
+    import iris.ops
+
+    tokens, hidden = shape
+    ws = iris.ops.Workspace()
+    cfg = iris.ops.AllReduceRMSNormConfig(form=form, block=block, programs=programs, spread=spread)
+    what = f"world={world} {dtype_name(dtype)} {shape} form={form} res={res} rout={rout} out={out_kind}"
+    what += f" block={block} programs={programs} spread={spread}"
+    weight = _vector(w or dtype, hidden, case, 99)
+    problems = []
+    for call in range(repeat):
+        inp = rand(shape, dtype, seed(rank, case, 3 * call))
+        residual = rand(shape, dtype, seed(0, case, 3 * call + 1)) if res == "plain" else None
+        expected_inp, expected_res = inp.clone(), residual.clone() if residual is not None else None
+        out = inp if out_kind == "inplace" else make_out(out_kind, shape, dtype, heap)
+        residual_out = None
+        if rout == "inplace":
+            residual_out = residual
+        elif rout != "none":
+            residual_out = make_out(rout, shape, dtype, heap)
+        returned = iris.ops.all_reduce_rmsnorm(
+            out, inp, weight, EPS, residual=residual, residual_out=residual_out, group=group, config=cfg,
+            workspace=ws,
+        )  # fmt: skip
+        s = summed(expected_inp, group) + (expected_res.double() if expected_res is not None else 0)
+        want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + EPS) * weight.double()
+        label = f"{what} call {call}"
+        if returned is not None:
+            problems.append(f"{label}: returned {returned!r} with async_op=False")
+        problems += compare(out, want, f"{label} out")
+        if residual_out is not None:
+            problems += compare(residual_out, s, f"{label} residual_out")
+    ws.close()
+    return problems
+
+
+def compare(got: torch.Tensor, want: torch.Tensor, what: str) -> list[str]:
+    """``[]`` when ``|got - want| <= TOL * max|want|`` everywhere, else the worst elements."""
+    atol = TOL[got.dtype] * max(want.abs().max().item(), 1e-3)
+    got, want = got.detach().cpu().double(), want.detach().cpu().double()
+    if got.shape != want.shape:
+        return [f"{what}: shape {list(got.shape)} != {list(want.shape)}"]
+    err = (got - want).abs()
+    bad = ~(err <= atol)  # NaN too
+    if not bad.any():
+        return []
+    idx = bad.nonzero()[:4].tolist()
+    return [
+        f"{what}: {int(bad.sum())} of {got.numel()} elements off by more than {atol:.3g} "
+        f"(max {err.max().item():.3g}); first {idx}: got {got[bad][:4].tolist()} "
+        f"want {want[bad][:4].tolist()}"
+    ]
+
+
+def matrix_body(rank, world_size, cases):
+    return run_cases(norm_case, rank, world_size, cases, heap_bytes=HEAP)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_matches_torch(world_size):
+    require_world(world_size)
+    cases = CASES[world_size]
+    assert_clean(run_world(matrix_body, world_size, cases, timeout=WORLD_TIMEOUT), len(cases))
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_matches_torch_every_combination(world_size):
+    require_world(world_size)
+    assert_clean(run_world(matrix_body, world_size, FULL, timeout=3 * WORLD_TIMEOUT), len(FULL))
+
+
+def test_cases_cover_every_dtype_form_and_kind():
+    every = [c for cases in CASES.values() for c in cases]
+    assert {c["dtype"] for c in CASES[3]} == {BF, FP16, FP32}
+    assert {c["form"] for c in CASES[3]} == {"ll", "rs_ag", "auto"}
+    assert {c["out_kind"] for c in every} == {"plain", "strided", "heap", "inplace"}
+    assert {c["rout"] for c in every} == {"none", "plain", "heap", "inplace"}
+    assert {c["shape"][1] for c in every} >= {1000, 4097}
+    assert {c["shape"][0] for c in every} >= {1, 3, 37}
+
+
+def reuse_body(rank, world_size):
+    """One workspace per form, three calls with fresh data, heap outputs: nothing is
+    allocated after the first; an async call returns a handle; a reference missing a rank
+    fails the check (negative control); a call with another shape is refused."""
+    import torch.distributed as dist
+
+    import iris.mem
+    import iris.ops
+
+    setup_rank()
+    bad, cases = [], 0
+    shape = (5, 300)
+    with iris.mem.init(HEAP) as heap:
+        for form in ("ll", "rs_ag"):
+            cfg = iris.ops.AllReduceRMSNormConfig(form=form)
+            ws = iris.ops.Workspace()
+            out, residual_out = heap.empty(shape, dtype=BF), heap.empty(shape, dtype=BF)
+            weight = _vector(BF, shape[1], 60, 0)
+            used = None
+            for call in range(3):
+                inp = rand(shape, BF, seed(rank, 60 + call, 0))
+                residual = rand(shape, BF, seed(0, 60 + call, 1))
+                work = iris.ops.all_reduce_rmsnorm(
+                    out, inp, weight, residual=residual, residual_out=residual_out, config=cfg, workspace=ws,
+                    async_op=call == 2,
+                )  # fmt: skip
+                if call == 2 and (not isinstance(work, iris.ops.Work) or not work.wait()):
+                    bad.append(f"{form}: async call returned {work!r}")
+                s = summed(inp) + residual.double()
+                want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6) * weight.double()
+                bad += compare(out, want, f"{form} call {call}") + compare(
+                    residual_out, s, f"{form} call {call} s"
+                )
+                if call == 0:
+                    used = heap.used_bytes
+                    dropped = summed(inp * (0.0 if rank == world_size - 1 else 1.0)) + residual.double()
+                    if not compare(residual_out, dropped, "control"):
+                        bad.append(f"{form}: negative control: a reference missing a rank was not caught")
+                elif heap.used_bytes != used:
+                    bad.append(f"{form}: call {call} allocated {heap.used_bytes - used} heap bytes")
+                cases += 1
+            try:
+                other = heap.empty((6, 300), dtype=BF)
+                iris.ops.all_reduce_rmsnorm(other, rand((6, 300), BF, 1), weight, config=cfg, workspace=ws)
+                bad.append(f"{form}: a workspace prepared for another shape was accepted")
+            except ValueError as e:
+                if "prepared for" not in str(e):
+                    bad.append(f"{form}: unexpected error text: {e}")
+            ws.close()
+        iris.ops.release_workspaces()
+        dist.barrier()
+    return {"bad": bad, "cases": cases}
+
+
+def test_repeated_calls_reuse_one_workspace():
+    require_world(3)
+    assert_clean(run_world(reuse_body, 3, timeout=WORLD_TIMEOUT), 6)
+
+
+def subgroup_body(rank, world_size):
+    """Ranks 0 and 2 of a world of 3 run the op over their own group; rank 1 stays out."""
+    import torch.distributed as dist
+
+    import iris.ops
+
+    group = dist.new_group([0, 2])
+    bad = []
+    if rank != 1:
+        for i, form in enumerate(("ll", "rs_ag")):
+            bad += norm_case(
+                rank, 2, 70 + i, None, FP32, (3, 100), form, "plain", "plain", "plain", group=group
+            )
+        iris.ops.release_workspaces()
+    dist.barrier()
+    return {"bad": bad, "cases": 1}
+
+
+@pytest.mark.full
+def test_subgroup():
+    require_world(3)
+    results = run_world(subgroup_body, 3, timeout=WORLD_TIMEOUT)
+    assert_clean([results[0], results[2]], 1)
+
+
+def absent_body(rank, world_size):
+    """Per form: an empty call does nothing; after one call together (which prepares the
+    workspace), rank 1 skips the next call: rank 0's kernel gives up after
+    IRIS_WAIT_TIMEOUT and raises DeviceWaitTimeout naming the ranks, instead of hanging."""
+    import torch.distributed as dist
+
+    import iris.mem
+    import iris.ops
+
+    outcomes = []
+    for form in ("ll", "rs_ag"):
+        cfg = iris.ops.AllReduceRMSNormConfig(form=form)
+        iris.ops.all_reduce_rmsnorm(torch.empty(0, 8), torch.empty(0, 8), torch.ones(8), config=cfg)
+        ws = iris.ops.Workspace()
+
+        def call(cfg=cfg, ws=ws):
+            iris.ops.all_reduce_rmsnorm(
+                torch.empty(1, 8), torch.ones(1, 8), torch.ones(8), config=cfg, workspace=ws
+            )
+
+        call()
+        outcome = "no error"
+        if rank == 0:
+            try:
+                call()
+            except iris.mem.DeviceWaitTimeout as e:
+                outcome = str(e)
+        outcomes.append(outcome)
+        dist.barrier()
+        ws.close()
+    return outcomes
+
+
+def test_absent_rank_is_reported_not_a_hang():
+    results = run_world(absent_body, 2, timeout=200, env={"IRIS_WAIT_TIMEOUT": "1"})
+    for outcome in results[0]:
+        assert "rank 0: iris.ops.all_reduce_rmsnorm gave up waiting for rank 1" in outcome, outcome
+    assert results[1] == ["no error", "no error"], results[1]
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def test_forms_chosen_by_size():
+    import iris.ops
+    from iris.ops.all_reduce_rmsnorm import LL_MAX_BYTES, choose_form, resolve
+
+    assert choose_form(1, 8192, 2, 2) == "ll"
+    assert choose_form(LL_MAX_BYTES // (2 * 4096), 4096, 2, 2) == "ll"
+    assert choose_form(LL_MAX_BYTES // (2 * 4096) + 1, 4096, 2, 2) == "rs_ag"
+    assert choose_form(8192, 8192, 2, 2) == "rs_ag"
+    assert choose_form(8192, 8192, 2, 1) == "ll"  # nothing to exchange
+    forced = iris.ops.AllReduceRMSNormConfig(form="rs_ag")
+    assert resolve(forced, 1, 8192, 2, 2, False).form == "rs_ag"
+    cfg = resolve(None, 1, 8192, 2, 2, False)
+    assert (cfg.form, cfg.block, cfg.num_warps, cfg.spread) == ("ll", 8192, 16, True)
+    cfg = resolve(None, 1, 4097, 2, 2, True)
+    assert (cfg.block, cfg.num_warps, cfg.spread) == (4096, 4, False)
+    assert resolve(None, 1, 1, 4, 2, False).block == 64
+
+
+def test_config_validates_fields():
+    import iris.ops
+
+    make = iris.ops.AllReduceRMSNormConfig
+    for kwargs, text in [
+        (dict(form="two_shot"), "form must be one of"),
+        (dict(block=100), "block must be a power of two"),
+        (dict(block=32), "block must be a power of two"),
+        (dict(num_warps=3), "num_warps"),
+        (dict(programs=5000), "programs must be at most"),
+        (dict(programs=-1), "programs must be >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=text):
+            make(**kwargs)
+    with pytest.raises(TypeError, match="spread must be True, False or None"):
+        make(spread=1)
+    with pytest.raises(TypeError, match="block must be an int"):
+        make(block=64.0)
+    with pytest.raises(TypeError):
+        make("ll")  # keyword-only
+
+
+def test_bad_arguments_raise_clear_errors():
+    """Every rejected argument, checked before anything needs the group."""
+    import iris.ops
+
+    op = iris.ops.all_reduce_rmsnorm
+    x, w, big = torch.zeros(4, 8), torch.ones(8), torch.zeros(4, 16)
+    cases = [
+        (TypeError, "out must be a torch.Tensor", (None, x, w), {}),
+        (TypeError, "inp must be a torch.Tensor", (x.clone(), [1.0], w), {}),
+        (ValueError, "inp must be 2-D", (x.clone(), x.view(-1), w), {}),
+        (ValueError, "weight must be 1-D", (x.clone(), x, x), {}),
+        (TypeError, "dtype torch.int32 is not supported", (x.int(), x.int(), w), {}),
+        (TypeError, "weight has dtype torch.int64", (x.clone(), x, w.long()), {}),
+        (TypeError, "out has dtype torch.float16 but inp has torch.float32", (x.half(), x, w), {}),
+        (ValueError, "out has shape [4, 9]", (torch.zeros(4, 9), x, w), {}),
+        (ValueError, "weight has 7 elements, expected 8", (x.clone(), x, torch.ones(7)), {}),
+        (ValueError, "residual has shape [3, 8]", (x.clone(), x, w), dict(residual=torch.zeros(3, 8))),
+        (
+            TypeError,
+            "residual_out has dtype torch.bfloat16",
+            (x.clone(), x, w),
+            dict(residual_out=x.bfloat16()),
+        ),
+        (ValueError, "residual must be 2-D", (x.clone(), x, w), dict(residual=torch.zeros(32))),
+        (ValueError, "eps must be a finite number >= 0", (x.clone(), x, w, -1.0), {}),
+        (ValueError, "eps must be a finite number >= 0", (x.clone(), x, w, float("nan")), {}),
+        (ValueError, "out overlaps inp", (big[:, :8], big[:, 4:12], w), {}),
+        (ValueError, "out overlaps weight", (x, torch.zeros(4, 8), x[0]), {}),
+        (
+            ValueError,
+            "residual_out overlaps inp",
+            (x.clone(), x, w),
+            dict(residual=x.clone(), residual_out=x),
+        ),
+        (ValueError, "out overlaps residual_out", (x, torch.zeros(4, 8), w), dict(residual_out=x)),
+        (TypeError, "config must be an iris.ops.AllReduceRMSNormConfig", (x.clone(), x, w), dict(config=1)),
+    ]
+    for exc, text, args, kwargs in cases:
+        with pytest.raises(exc, match=text.replace("[", r"\[").replace("]", r"\]")):
+            op(*args, **kwargs)
+    with pytest.raises(ValueError, match=r"out is on .* but inp is on meta"):
+        op(x.clone(), torch.zeros(4, 8, device="meta"), w)
+
+
+def test_needs_torch_distributed():
+    import torch.distributed as dist
+
+    import iris.ops
+
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised in this process")
+    x = torch.zeros(4, 8)
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        iris.ops.all_reduce_rmsnorm(torch.empty(4, 8), x, torch.ones(8))
+
+
+# --------------------------------------------------------------------------- GPUs only
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+needs_gpus = pytest.mark.skipif(
+    BACKEND != "cuda" or _gpus() < 2, reason=f"GPU-only test: IRIS_BACKEND=cuda and 2 GPUs (found {_gpus()})"
+)
+GPU_HEAP = 3 << 30
+GPU_CASES = [
+    dict(dtype=BF, shape=(1, 8192), form="auto", res="plain", rout="inplace", out_kind="plain"),
+    dict(dtype=BF, shape=(8, 4096), form="ll", res="plain", rout="heap", out_kind="heap", repeat=3),
+    dict(dtype=BF, shape=(128, 8192), form="auto", res="plain", rout="plain", out_kind="heap"),
+    dict(dtype=BF, shape=(128, 8192), form="rs_ag", res="plain", rout="inplace", out_kind="plain"),
+    dict(dtype=BF, shape=(2048, 4096), form="auto", res="plain", rout="heap", out_kind="heap", repeat=2),
+    dict(dtype=BF, shape=(2048, 8192), form="ll", res="none", rout="none", out_kind="plain"),
+    dict(dtype=BF, shape=(8192, 8192), form="auto", res="plain", rout="plain", out_kind="heap"),
+    dict(dtype=BF, shape=(8192, 8192), form="rs_ag", res="plain", rout="inplace", out_kind="inplace"),
+    dict(dtype=BF, shape=(3, 20000), form="ll", res="plain", rout="inplace", out_kind="plain"),  # two passes
+    dict(dtype=BF, shape=(37, 20000), form="rs_ag", res="plain", rout="plain", out_kind="heap"),
+    dict(dtype=FP16, shape=(37, 4097), form="ll", res="plain", rout="plain", out_kind="strided"),
+    dict(dtype=FP16, shape=(1001, 4097), form="rs_ag", res="none", rout="heap", out_kind="plain"),
+    dict(dtype=FP32, shape=(1000, 1000), form="auto", res="plain", rout="plain", out_kind="heap", w=BF),
+    dict(dtype=FP32, shape=(3, 1000), form="ll", res="plain", rout="none", out_kind="inplace"),
+]
+
+
+def gpu_shapes_body(rank, world_size):
+    return run_cases(norm_case, rank, world_size, GPU_CASES, heap_bytes=GPU_HEAP)
+
+
+@needs_gpus
+@pytest.mark.timeout(1500)
+def test_real_shapes_on_gpus():
+    require_world(2)
+    assert_clean(run_world(gpu_shapes_body, 2, timeout=1200), len(GPU_CASES))
+
+
+class _Call:
+    """Buffers of one call at a fixed shape: ``fill(r)`` refills the inputs in place with the
+    data of round ``r``, ``call()`` runs the op, ``expect()`` the reference (collective)."""
+
+    def __init__(self, rank, alloc, shape, form, rout_in_place):
+        import iris.ops
+
+        self.rank, self.shape = rank, shape
+        self.inp, self.residual = alloc(shape), alloc(shape)
+        self.out = alloc(shape)
+        self.residual_out = self.residual if rout_in_place else alloc(shape)
+        self.weight = _vector(BF, shape[1], 800, 0)
+        cfg, ws = iris.ops.AllReduceRMSNormConfig(form=form), iris.ops.Workspace()
+        self.workspace = ws
+        self.call = lambda: iris.ops.all_reduce_rmsnorm(
+            self.out, self.inp, self.weight, residual=self.residual, residual_out=self.residual_out,
+            config=cfg, workspace=ws,
+        )  # fmt: skip
+
+    def fill(self, r: int) -> None:
+        self.inp.copy_(rand(self.shape, BF, seed(self.rank, 800 + r, 1)))
+        self.residual.copy_(rand(self.shape, BF, seed(0, 800 + r, 2)))
+        self.s = summed(self.inp) + self.residual.double()
+
+    def check(self, what: str) -> list[str]:
+        s = self.s
+        want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6) * self.weight.double()
+        return compare(self.out, want, f"{what} out") + compare(self.residual_out, s, f"{what} residual_out")
+
+
+GRAPH_CASES = [((1, 8192), "ll"), ((128, 8192), "ll"), ((128, 8192), "rs_ag"), ((4096, 8192), "auto")]
+
+
+def graph_body(rank, world_size, use_heap):
+    """Per form and shape: 50 calls back to back without synchronising (ranks drift apart:
+    the generations must keep calls apart), then a check; a warm-up, one call captured in a
+    CUDA graph, three replays each after refilling the inputs in place."""
+    import torch.distributed as dist
+
+    import iris.mem
+    import iris.ops
+
+    dev = setup_rank()
+    bad, cases = [], 0
+    heap = iris.mem.init(GPU_HEAP) if use_heap else None
+    alloc = (
+        (lambda shape: heap.zeros(shape, dtype=BF))
+        if heap
+        else (lambda shape: torch.zeros(shape, dtype=BF, device=dev))
+    )
+    try:
+        for shape, form in GRAPH_CASES:
+            what = f"{form} {shape} {'heap' if use_heap else 'plain'}"
+            c = _Call(rank, alloc, shape, form, rout_in_place=False)
+            c.fill(0)
+            for _ in range(50):
+                c.call()
+            torch.cuda.synchronize()
+            bad += c.check(f"{what} after 50 calls")
+            dist.barrier()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                c.call()
+            torch.cuda.synchronize()
+            dist.barrier()
+            for r in range(1, 4):
+                c.fill(r)
+                torch.cuda.synchronize()
+                graph.replay()
+                torch.cuda.synchronize()
+                bad += c.check(f"{what} replay {r}")
+                dist.barrier()  # nobody refills inputs a peer may still read
+            cases += 1
+            del graph
+        iris.ops.check_errors()
+        iris.ops.release_workspaces()
+    finally:
+        torch.cuda.synchronize()
+        if heap is not None:
+            heap.close()
+    return {"bad": bad, "cases": cases}
+
+
+@needs_gpus
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("use_heap", [True, False], ids=["heap", "plain"])
+def test_back_to_back_and_cuda_graph_replay(use_heap):
+    require_world(2)
+    assert_clean(run_world(graph_body, 2, use_heap, timeout=1200), len(GRAPH_CASES))
