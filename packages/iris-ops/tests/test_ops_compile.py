@@ -10,6 +10,12 @@ integers and pointers 16-divisible). Each compiled kernel must use Hopper's tens
 (``wgmma``), pipeline its K loop (``cp.async`` into several shared-memory stages) and
 signal peers with release/acquire at system scope.
 
+The kernels of ``all_reduce_rmsnorm`` are not GEMMs: they compile under profiles of their
+own (``NORM_PROFILES``: decode and prefill sizes, 2-4 ranks, rows in one piece or several,
+with and without programmatic dependent launch) and must move their data in 16-byte
+vectors, poll with volatile loads (``ll``) or signal with release/acquire at system scope
+(``rs_ag``), and wait for the previous launch before touching memory under PDL.
+
 A parameter name the tables below do not know fails the test, naming the kernel; no
 kernel is skipped silently.
 """
@@ -122,6 +128,44 @@ COMMON = {
 }
 
 
+#: all_reduce_rmsnorm's kernels and the form each implements.
+NORM_KERNELS = {
+    "iris.ops.all_reduce_rmsnorm._ll_rmsnorm_kernel": "ll",
+    "iris.ops.all_reduce_rmsnorm._rs_rmsnorm_kernel": "rs_ag",
+}
+#: Their parameters besides FIXED's: element pointers (the profile's dtype), other types.
+NORM_DATA = {"inp", "residual", "weight", "out", "residual_out", "gout", "gres", "partials"}
+NORM_TYPES = {"launches": "*i64", "boxes": "*i64", "rs_flags": "*i32", "ag_flags": "*i32", "eps": "fp32"}
+NORM_SCALARS = {
+    "T", "H", "stride_i", "stride_r", "stride_o", "stride_ro", "row_lines", "box_stride", "share",
+    "part_stride", "stride_go", "stride_gr",
+}  # fmt: skip
+#: (name, dtype, tokens, hidden, constexprs) per form; BLOCK and num_warps come from the
+#: op's own choice for the size on an H200, SINGLE from whether a row fits in BLOCK.
+_NORM_ALL = {"HAS_RES": True, "HAS_RES_OUT": True, "REREAD": False, "PDL": True}
+_THREE = {"GROUP": 3, "ME": 2, "RANK": 2, "WORLD": 3}
+_FOUR = {"GROUP": 4, "ME": 3, "RANK": 3, "WORLD": 4}
+_VIA_WORKSPACE = {"OUT_IN_PLACE": False, "RES_IN_PLACE": False}
+NORM_PROFILES = {
+    "ll": [
+        ("bf16 decode", "bf16", 1, 8192, {**_NORM_ALL, "SPREAD": True}),
+        (
+            "fp16 3 ranks, two passes",
+            "fp16",
+            8,
+            20000,
+            {**_NORM_ALL, **_THREE, "SPREAD": False, "REREAD": True},
+        ),
+        ("fp32 4 ranks, no PDL", "fp32", 16, 4096, {**_NORM_ALL, **_FOUR, "SPREAD": True, "PDL": False}),
+    ],
+    "rs_ag": [
+        ("bf16 prefill", "bf16", 8192, 8192, {**_NORM_ALL, "OUT_IN_PLACE": True, "RES_IN_PLACE": True}),
+        ("fp16 3 ranks, two passes", "fp16", 1000, 20000, {**_NORM_ALL, **_THREE, **_VIA_WORKSPACE}),
+        ("fp32 4 ranks, no PDL", "fp32", 4096, 4096, {**_NORM_ALL, **_FOUR, **_VIA_WORKSPACE, "PDL": False}),
+    ],
+}
+
+
 @triton.jit
 def _unmappable_kernel(context, members, mystery_ptr, M, RANK: tl.constexpr, SECRET: tl.constexpr):
     """Negative control of the parameter tables: two names no table knows."""
@@ -217,6 +261,113 @@ def ptx_problems(ptx: str, block_m: int = 64) -> list[str]:
     return problems + unordered_counter_updates(ptx)  # counters every thread reads in order
 
 
+def norm_signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, list[str], list[str]]:
+    """(signature, constexpr values, 16-divisible argument names, unknown names) of one of
+    all_reduce_rmsnorm's kernels."""
+    sig, values, divisible, unknown = {}, {}, [], []
+    for p in fn.params:
+        name = p.name
+        if p.is_constexpr:
+            sig[name] = "constexpr"
+            if name in constexprs:
+                values[name] = constexprs[name]
+            elif p.has_default:
+                values[name] = p.default
+            else:
+                unknown.append(name)
+            continue
+        sig[name] = (
+            FIXED.get(name)
+            or NORM_TYPES.get(name)
+            or ("*" + dtype if name in NORM_DATA else "i32" if name in NORM_SCALARS else None)
+        )
+        if sig[name] is None:
+            unknown.append(name)
+        elif sig[name] != "fp32":
+            divisible.append(name)
+    return sig, values, divisible, unknown
+
+
+def norm_ptx_problems(ptx: str, form: str, pdl: bool) -> list[str]:
+    """What keeps a compiled all_reduce_rmsnorm kernel off its fast path, from its PTX."""
+    problems = []
+    stores = [ln.strip() for ln in ptx.splitlines() if re.search(r"\bst\.global\.", ln)]
+    if form == "ll":
+        if not any(".v2.b64" in ln for ln in stores):
+            problems.append(
+                f"no 16-byte store of flagged lines (st.global.v2.b64): {sorted(set(stores))[:6]}"
+            )
+        if not re.search(r"\bld\.volatile\.global\.", ptx):
+            problems.append("no volatile load polling the boxes")
+        if re.search(r"fence\.(acq_rel|sc)\.sys|\.acquire", ptx):
+            problems.append("a system-scope fence or acquire: the ll form must not wait on a flag")
+    else:
+        atoms = [ln for ln in ptx.splitlines() if re.search(r"\b(atom|red)\.global\.", ln)]
+        if not any(".sys" in a and ".release" in a for a in atoms):
+            problems.append(
+                "no release atomic at system scope (peers would not see the rows before the flag)"
+            )
+        if not re.search(
+            r"\bld\.global\.[a-z.]*sys[a-z.]*acquire|\batom\.global\.[a-z.]*sys[a-z.]*acquire", ptx
+        ):
+            problems.append("no acquire load or atomic at system scope")
+        if not any(re.search(r"\.v4\.b32|\.v2\.b64", ln) for ln in stores):
+            problems.append(f"no 16-byte vector store of rows: {sorted(set(stores))[:6]}")
+    scalar = len(re.findall(r"\b(st|ld)\.global(\.[a-z]+)*\.b16\b", ptx))
+    if scalar:
+        problems.append(f"{scalar} scalar 16-bit global accesses: rows move one element at a time")
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    wait = next((i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")), None)
+    if pdl:
+        if wait is None or not any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines):
+            problems.append("PDL=True but no griddepcontrol.wait / launch_dependents")
+        else:
+            memory = re.compile(r"(ld|st|atom|red)(?!\S*\.(param|shared)\b)\.")
+            early = [ln for ln in lines[:wait] if memory.match(ln)]
+            if early:
+                problems.append(f"memory accesses before griddepcontrol.wait: {early[:3]}")
+    return problems + unordered_counter_updates(ptx)
+
+
+def compile_norm(qualname: str, fn) -> list[str]:
+    """Compile one of all_reduce_rmsnorm's kernels under its form's profiles; the failures."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from iris.ops.all_reduce_rmsnorm import piece_elements, resolve
+
+    form = NORM_KERNELS[qualname]
+    failures = []
+    for label, dtype, tokens, hidden, extra in NORM_PROFILES[form]:
+        itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
+        cfg = resolve(None, tokens, hidden, itemsize, extra.get("GROUP", COMMON["GROUP"]), False)
+        constexprs = {
+            **COMMON, "HINT": 16, **extra, "BLOCK": cfg.block, "SINGLE": hidden <= cfg.block,
+            "PIECE": piece_elements(cfg, itemsize),
+        }  # fmt: skip
+        sig, values, divisible, unknown = norm_signature(fn, dtype, constexprs)
+        if unknown:
+            return [f"{qualname}: parameters {unknown} are not in test_ops_compile's NORM_ tables"]
+        names = list(fn.arg_names)
+        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
+        what = f"{qualname} ({label}, block {cfg.block}, {cfg.num_warps} warps)"
+        try:
+            k = triton.compile(
+                ASTSource(fn, sig, constexprs=values, attrs=attrs),
+                target=GPUTarget("cuda", TARGET_ARCH, 32),
+                options={"num_warps": cfg.num_warps},
+            )
+        except Exception as e:  # noqa: BLE001 - reported with the kernel
+            failures.append(f"{what}: {type(e).__name__}: {e}"[:3000])
+            continue
+        if not k.asm.get("cubin"):
+            failures.append(f"{what}: no cubin")
+        failures += [f"{what}: {p}" for p in norm_ptx_problems(k.asm["ptx"], form, values.get("PDL", False))]
+        if k.metadata.shared > MAX_SHARED:
+            failures.append(f"{what}: {k.metadata.shared} bytes of shared memory, over {MAX_SHARED}")
+    return failures
+
+
 def child_main() -> dict:
     """{"skip": reason} or {"failures", "kernels", "compiled", "control"}."""
     try:
@@ -239,6 +390,10 @@ def child_main() -> dict:
     kernels, failures = discover()
     compiled: dict[str, int] = {}
     for qualname, fn in kernels:
+        if qualname in NORM_KERNELS:
+            failures += compile_norm(qualname, fn)
+            compiled[qualname] = len(NORM_PROFILES[NORM_KERNELS[qualname]])
+            continue
         for label, dtype, rows, cols, extra, *wide in PROFILES:
             cfg = select(rows, cols, dtypes[dtype], SMS, False, None, wide=bool(wide))
             constexprs = {
@@ -322,8 +477,10 @@ def test_every_ops_kernel_compiles_for_hopper_on_the_fast_path():
         assert any(k.endswith("." + name) for k in result["kernels"]), (
             f"{name} not discovered: {result['kernels']}"
         )
+    assert set(NORM_KERNELS) <= set(result["kernels"]), f"not discovered: {set(NORM_KERNELS)}"
     for name in result["kernels"]:
-        assert result["compiled"].get(name) == len(PROFILES), (
+        expected = len(NORM_PROFILES[NORM_KERNELS[name]]) if name in NORM_KERNELS else len(PROFILES)
+        assert result["compiled"].get(name) == expected, (
             f"{name} compiled {result['compiled'].get(name)} times"
         )
 
@@ -353,3 +510,21 @@ def test_ptx_checks_catch_a_slow_kernel():
     small = ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] + good[1:]
     assert ptx_problems("\n".join(small), block_m=16) == []
     assert len(ptx_problems("\n".join(small))) == 1  # 64-row tiles must use wgmma
+
+
+def test_norm_ptx_checks_catch_a_slow_kernel():
+    """Negative control of all_reduce_rmsnorm's PTX checks: 8-byte unflagged stores, no
+    polling and an acquire fail the ll form's; no system-scope release/acquire and scalar
+    16-bit stores fail the rs_ag form's; memory touched before griddepcontrol.wait fails
+    PDL's."""
+    slow = [
+        "ld.global.b64 %rd1, [%rd2];",
+        "st.global.b64 [%rd3], %rd1;",
+        "atom.global.gpu.acquire.add.u32 %r1, [%rd4], 0;",
+    ]
+    assert len(norm_ptx_problems("\n".join(slow), "ll", False)) == 3
+    assert len(norm_ptx_problems("\n".join(slow + ["st.global.b16 [%rd5], %rs1;"]), "rs_ag", False)) == 4
+    early = ["ld.global.b32 %r1, [%rd1];", "griddepcontrol.wait;", "griddepcontrol.launch_dependents;"]
+    good_ll = ["st.global.v2.b64 [%rd1], {%rd2, %rd3};", "ld.volatile.global.b64 %rd4, [%rd5];"]
+    assert norm_ptx_problems("\n".join(good_ll), "ll", False) == []
+    assert len(norm_ptx_problems("\n".join(early + good_ll), "ll", True)) == 1

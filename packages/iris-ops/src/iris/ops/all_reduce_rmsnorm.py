@@ -173,6 +173,11 @@ def resolve(
     return dataclasses.replace(config, form=form, block=block, num_warps=warps, spread=spread)
 
 
+def piece_elements(cfg: AllReduceRMSNormConfig, itemsize: int) -> int:
+    """Elements of one piece of a row the ll form pushes: two lines (16 bytes) per thread."""
+    return min(cfg.block, 256 * cfg.num_warps // itemsize)
+
+
 # --------------------------------------------------------------------------- device side
 
 
@@ -609,7 +614,7 @@ def _run_ll(args, out, residual_out, ranks, index, size, cfg, flags, caps, eps, 
     spread = cfg.spread and not _host.overlaps(k_out, inp)
     shapes = _shapes(inp, weight, flags, spread)
     ws = _host.workspace_for(_OP, ranks, index, shapes, inp, cfg, rows, out, False, specs, workspace, group)
-    piece = min(cfg.block, 256 * cfg.num_warps // inp.element_size())  # two lines per thread
+    piece = piece_elements(cfg, inp.element_size())
     for start in range(0, tokens, rows):
         count = min(rows, tokens - start)
         want = count * _host.cdiv(hidden, piece) if spread else count
