@@ -111,33 +111,96 @@ def tests_latest(session: nox.Session) -> None:
     _run_pytest(session, "-m", "not full", env=_cpu_env())
 
 
-# World sizes the examples session runs every example at: an odd world, and a world of one.
+# `nox -s examples` runs, by default, every tutorial program (examples/3*) and one program for
+# each part of the API the tutorials leave out (the functional RMA API with flags, every
+# all_reduce variant, send/recv, a fused reduce op), at the first (odd) world size of
+# EXAMPLE_WORLDS, EXAMPLE_JOBS programs side by side. `nox -s examples -- --all` runs every
+# example at each world size of EXAMPLE_WORLDS.
 EXAMPLE_WORLDS = (3, 1)
+EXAMPLE_TUTORIALS = "3[0-9]_*.py"
+EXAMPLE_DEFAULTS = ("05_message_passing", "10_all_reduce", "18_send_recv", "20_matmul_all_reduce")
+EXAMPLE_JOBS = 2
+#: Seconds one example may run before it is killed with every process it started.
+EXAMPLE_TIMEOUT = 600
+
+# Runs `script@world` pairs under torchrun, `jobs` at a time, each in its own process group;
+# prints each run's output as it finishes, then a summary; exits 1 if any run failed.
+_EXAMPLE_RUNNER = """
+import os, signal, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+jobs, timeout, runs = int(sys.argv[1]), float(sys.argv[2]), [a.rsplit("@", 1) for a in sys.argv[3:]]
+
+def run(script, world):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", script]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        output, rc = output + f"\\nkilled after {timeout:g} s", -9
+    return script, world, rc, time.monotonic() - start, output
+
+start, results = time.monotonic(), []
+with ThreadPoolExecutor(jobs) as pool:
+    for done in as_completed([pool.submit(run, s, w) for s, w in runs]):
+        script, world, rc, seconds, output = done.result()
+        results.append(done.result())
+        verdict = "passed" if rc == 0 else f"FAILED (exit code {rc})"
+        print(f"--- {script}, {world} rank(s): {verdict} in {seconds:.1f} s", flush=True)
+        print(output.rstrip(), flush=True)
+failed = [r for r in results if r[2] != 0]
+print(f"\\n{len(results)} example run(s) in {time.monotonic() - start:.0f} s, {jobs} side by side; "
+      f"{len(results) - len(failed)} passed, {len(failed)} failed:")
+for script, world, rc, seconds, _ in sorted(results):
+    print(f"  {'ok    ' if rc == 0 else 'FAILED'} {script:42} {world} rank(s) {seconds:6.1f} s")
+sys.exit(1 if failed else 0)
+"""
 
 
 @nox.session
 def examples(session: nox.Session) -> None:
-    """Run every ``examples/*.py`` under torchrun on the cpu backend (worlds of 3 and 1).
+    """Run examples under torchrun on the cpu backend and print their results.
 
-    ``nox -s examples -- 03 05`` runs only the examples whose file names contain a posarg.
+    By default every tutorial program and a few other examples with 3 ranks, two at a time
+    (a few minutes on 2 cores, installs included). Arguments after ``--``:
+    ``--all`` runs every example with 3 ranks and with 1; names (or parts of them, e.g.
+    ``03 05``) run only the matching examples, with 3 ranks and with 1; ``--jobs=N`` runs N
+    at a time (1: one after another).
     """
-    session.install(TORCH, TRITON)
-    session.install(TORCH, TRITON, *_package_paths())
-    scripts = sorted((ROOT / "examples").glob("[0-9]*.py"))
-    if session.posargs:
-        scripts = [s for s in scripts if any(arg in s.name for arg in session.posargs)]
+    run_all, jobs, names = False, EXAMPLE_JOBS, []
+    for arg in session.posargs:
+        if arg == "--all":
+            run_all = True
+        elif arg.startswith("--jobs=") and arg[7:].isdigit() and int(arg[7:]) > 0:
+            jobs = int(arg[7:])
+        elif arg.startswith("-"):
+            session.error(f"unknown argument {arg!r}: use --all, --jobs=N or parts of example names")
+        else:
+            names.append(arg)
+    everything = sorted((ROOT / "examples").glob("[0-9]*.py"))
+    if names:
+        scripts = [s for s in everything if any(name in s.name for name in names)]
+    elif run_all:
+        scripts = everything
+    else:
+        tutorials = set((ROOT / "examples").glob(EXAMPLE_TUTORIALS))
+        scripts = [s for s in everything if s in tutorials or s.stem in EXAMPLE_DEFAULTS]
     if not scripts:
         session.skip("no matching examples/*.py found")
-    for script in scripts:
-        for n in EXAMPLE_WORLDS:
-            session.log(f"{script.name} with {n} rank(s)")
-            session.run(
-                "torchrun",
-                "--standalone",
-                f"--nproc_per_node={n}",
-                str(script.relative_to(ROOT)),
-                env=_cpu_env(),
-            )
+    worlds = EXAMPLE_WORLDS if run_all or names else EXAMPLE_WORLDS[:1]
+    # One pip call; --no-compile: pip does not byte-compile all of torch (the modules the
+    # examples import are compiled when first imported).
+    session.install("--no-compile", TORCH, TRITON, *_package_paths())
+    runs = [f"{script.relative_to(ROOT)}@{n}" for script in scripts for n in worlds]
+    runner = Path(session.create_tmp()) / "run_examples.py"
+    runner.write_text(_EXAMPLE_RUNNER)
+    env = {**_cpu_env(), "OMP_NUM_THREADS": "1"}  # what torchrun would set, without its banner
+    session.run("python", str(runner), str(jobs), str(EXAMPLE_TIMEOUT), *runs, env=env)
 
 
 @nox.session(venv_params=["--system-site-packages"])
