@@ -64,7 +64,9 @@ API_PAGES = {
         "iris.mem.runtime", "iris.mem.tracing", "iris.mem.trace_format", "iris.mem.log",
         "iris.mem.utils", "iris.mem.testing",
     ),
-    "api/ccl": ("iris.ccl", "iris.ccl.triton", "iris.ccl.variants", "iris.ccl.settings"),
+    "api/ccl": (
+        "iris.ccl", "iris.ccl.triton", "iris.ccl.triton.ll", "iris.ccl.variants", "iris.ccl.settings",
+    ),
     "api/ops": ("iris.ops",),
     "api/compat": (
         "iris.device", "iris.device.triton", "iris.device.triton.context", "iris.device.triton.ops",
