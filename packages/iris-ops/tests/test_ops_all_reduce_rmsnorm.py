@@ -281,7 +281,10 @@ def test_subgroup():
 def absent_body(rank, world_size):
     """Per form: an empty call does nothing; after one call together (which prepares the
     workspace), rank 1 skips the next call: rank 0's kernel gives up after
-    IRIS_WAIT_TIMEOUT and raises DeviceWaitTimeout naming the ranks, instead of hanging."""
+    IRIS_WAIT_TIMEOUT and raises DeviceWaitTimeout naming the ranks, instead of hanging;
+    its four rows cost one budget, not one each (waits after a timeout give up at once)."""
+    import time
+
     import torch.distributed as dist
 
     import iris.mem
@@ -295,16 +298,18 @@ def absent_body(rank, world_size):
 
         def call(cfg=cfg, ws=ws):
             iris.ops.all_reduce_rmsnorm(
-                torch.empty(1, 8), torch.ones(1, 8), torch.ones(8), config=cfg, workspace=ws
+                torch.empty(4, 8), torch.ones(4, 8), torch.ones(8), config=cfg, workspace=ws
             )
 
         call()
         outcome = "no error"
         if rank == 0:
+            started = time.monotonic()
             try:
                 call()
             except iris.mem.DeviceWaitTimeout as e:
                 outcome = str(e)
+            outcome += f" [{time.monotonic() - started:.1f} s]"
         outcomes.append(outcome)
         dist.barrier()
         ws.close()
@@ -315,6 +320,7 @@ def test_absent_rank_is_reported_not_a_hang():
     results = run_world(absent_body, 2, timeout=200, env={"IRIS_WAIT_TIMEOUT": "1"})
     for outcome in results[0]:
         assert "rank 0: iris.ops.all_reduce_rmsnorm gave up waiting for rank 1" in outcome, outcome
+        assert float(outcome.rsplit("[", 1)[1].split(" ")[0]) < 3.5, outcome  # budget: 1 s
     assert results[1] == ["no error", "no error"], results[1]
 
 

@@ -199,11 +199,12 @@ def _raise(ctx, flag, value, to_rank):
 @triton.jit
 def _await(ctx, group, flag, value, peer):
     """Spin (acquire, system scope) until the local ``flag`` holds ``value``; after
-    ``group.budget`` ns record a timeout naming ``peer`` (who sets it) for the host. Every
-    thread reads after the wait."""
+    ``group.budget`` ns record a timeout naming ``peer`` (who sets it) for the host; once a
+    timeout is recorded, do not wait at all. Every thread reads after the wait."""
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     start = global_timer()
-    while (seen != value) & (global_timer() - start < group.budget):
+    budget = tl.where(tl.load(group.status, volatile=True) == 0, group.budget, 0)
+    while (seen != value) & (global_timer() - start < budget):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     if seen != value:
         record_timeout(group.status, ctx.rank, peer, flag)
@@ -236,7 +237,7 @@ def _sum_chunk(
             if POLL:
                 x = ll.unpack(ll.receive(ctx, group, box, lines, valid, flag, m), ELEM)
             else:
-                x = ll.unpack(tl.load(box + lines, mask=valid, other=0), ELEM)
+                x = ll.unpack(tl.load(box + lines, mask=valid, other=0, volatile=True), ELEM)
         else:
             x = tl.load(peers + m * peer_stride + offs, mask=mask, other=0)
         acc += x.to(tl.float32)

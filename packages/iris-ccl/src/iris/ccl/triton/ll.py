@@ -39,12 +39,15 @@ def receive(ctx, group, base, offs, mask, flag, peer):
     """The lines ``base[offs]`` (this rank's memory) once every one under ``mask`` carries
     ``flag``: volatile loads of the whole block (all in flight at once) until it has, for at
     most ``group.budget`` ns; then the timeout is recorded (naming member ``peer``, the
-    sender) for the host and the lines are returned as they are. Lanes outside ``mask`` read
-    as 0."""
+    sender) for the host and the lines are returned as they are. Once a timeout is recorded
+    in ``group.status``, later calls do not wait at all (a kernel with many blocks to
+    receive from a dead peer ends after one budget, not one per block). Lanes outside
+    ``mask`` read as 0."""
     lines = tl.load(base + offs, mask=mask, other=0, volatile=True)
     start = global_timer()
+    budget = tl.where(tl.load(group.status, volatile=True) == 0, group.budget, 0)
     missing = tl.sum((((lines >> 32) != flag) & mask).to(tl.int32))
-    while (missing > 0) & (global_timer() - start < group.budget):
+    while (missing > 0) & (global_timer() - start < budget):
         lines = tl.load(base + offs, mask=mask, other=0, volatile=True)
         missing = tl.sum((((lines >> 32) != flag) & mask).to(tl.int32))
     if missing > 0:
