@@ -93,7 +93,7 @@ class SymmetricHeap:
     ):
         if isinstance(heap_size, bool) or not isinstance(heap_size, numbers.Integral) or heap_size <= 0:
             raise ValueError(f"heap_size must be a positive number of bytes, got {heap_size!r}")
-        heap_size = _align(int(heap_size))
+        requested, heap_size = int(heap_size), _align(int(heap_size))
         name = backend if backend is not None else _settings.default_backend()
         if name not in _settings.BACKENDS:
             raise ValueError(f"backend={name!r} is not a backend; use one of {', '.join(_settings.BACKENDS)}")
@@ -109,6 +109,15 @@ class SymmetricHeap:
                 f"rank {r}: heap_size={s[0]} backend={s[1]} debug={s[2]}" for r, s in enumerate(settings)
             )
             raise HeapMismatchError(f"ranks passed different settings to iris.mem.init(): {table}")
+        from .runtime import SyncState
+
+        minimum = SyncState.heap_bytes(self.world_size, 1)  # the device barrier's, allocated first
+        if heap_size < minimum:
+            raise ValueError(
+                f"heap_size={requested} bytes is below the minimum heap size of {minimum} bytes for "
+                f"{self.world_size} rank(s): the heap keeps the sync flags of its device barrier there. "
+                f"Pass heap_size >= {minimum} (plus what you allocate) to iris.mem.init()"
+            )
         self._backend: Backend = create_backend(name, self._comm)
         self._closed = False
         self._finalizer = weakref.finalize(self, self._backend.close)
@@ -138,8 +147,6 @@ class SymmetricHeap:
             name,
         )
         # The device barrier's sync state, allocated first on every rank.
-        from .runtime import SyncState
-
         self._sync = SyncState(
             self, range(self.world_size), 1, "device_barrier",
             "a rank did not reach the barrier: check that every rank calls device_barrier() the same "

@@ -61,6 +61,16 @@ def group_index(group: dist.ProcessGroup | None) -> tuple[list[int], int]:
     return ranks, ranks.index(dist.get_rank())
 
 
+def _layout(members: int, slots: int) -> tuple[tuple[int, torch.dtype], ...]:
+    """``(elements, dtype)`` of a state's arrays: member table, flags, generations, status."""
+    return (
+        (members, torch.int32),
+        (slots * members, torch.int32),
+        (slots, torch.int32),
+        (STATUS_WORDS, torch.int64),
+    )
+
+
 class SyncState:
     """Sync slots and status words of one group of ranks on one heap.
 
@@ -86,14 +96,24 @@ class SyncState:
         # Not the caller's allocations: left out of the debug check of allocation sequences.
         made: list[torch.Tensor] = []
         try:
-            for numel, dtype in ((self.size, torch.int32), (slots * self.size, torch.int32),
-                                 (slots, torch.int32), (STATUS_WORDS, torch.int64)):  # fmt: skip
+            for numel, dtype in _layout(self.size, slots):
                 made.append(heap._allocate((numel,), dtype, check=False).zero_())
         except MemoryError:  # every rank fails at the same allocation: give back the others
             heap._release_local([heap._records[t.data_ptr() - heap._base] for t in made])
             raise
         self.member_table, self.flags, self.epochs, self.status = made
         self.member_table.copy_(torch.tensor(self.members, dtype=torch.int32))
+
+    @staticmethod
+    def heap_bytes(members: int, slots: int) -> int:
+        """Bytes of a heap that a state of ``members`` ranks and ``slots`` sync slots takes:
+        its member table, flags, generations and status words, each rounded up to the heap's
+        alignment (256 bytes). A collective's communicator (8192 slots) over 2, 3, 4 or 8
+        ranks takes 96.5, 128.5, 160.5 or 288.5 KiB; the heap's device barrier (1 slot) 1 KiB."""
+        from .heap import ALIGNMENT
+
+        sizes = (numel * dtype.itemsize for numel, dtype in _layout(members, slots))
+        return sum(-(-nbytes // ALIGNMENT) * ALIGNMENT for nbytes in sizes)
 
     @property
     def capabilities(self) -> Capabilities:
