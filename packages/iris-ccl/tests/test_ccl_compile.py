@@ -57,7 +57,12 @@ FIXED = {
 KERNEL_TYPES = {
     "iris.ccl.p2p._transfer_kernel": {"data": "*u8", "count": "*i32"},
     "iris.ccl._ll._ll_kernel": {"boxes": "*i64", "launches": "*i64"},
-}
+    # uneven all_to_all: the ll buffer's words and counter, the boxed counter, split tables
+    "iris.ccl._uneven._uneven_kernel": {
+        "boxes": "*i64", "launches": "*i64", "counter": "*i32", "user_context": "*i64", "table": "*i64",
+        "row": "i64", "ll_limit": "i64",
+    },
+}  # fmt: skip
 #: Kernels compiled for more element types than the profiles' (profile 0 with these
 #: changes): ll packs elements of 1, 2, 4 and 8 bytes into words (fp8 is moved, not
 #: reduced), in every mode.
@@ -70,6 +75,12 @@ EXTRA_PROFILES = {
     # the rooted collectives' kernel: the tile collective the profiles do not pick
     "iris.ccl._rooted._rooted_kernel": (
         {"KIND": "gather"}, {"dtype": "i64", "KIND": "reduce", "OP": "min", "ACC_FP32": False},
+    ),
+    # uneven all_to_all: direct pull with aligned remote loads, the rounds path, elements of
+    # 1, 2 and 8 bytes in the ll words
+    "iris.ccl._uneven._uneven_kernel": (
+        {"PUSH": False}, {"DIRECT": False, "dtype": "i64"}, {"dtype": "fp8e4nv", "LL_BLOCK": 1024},
+        {"dtype": "fp16", "GROUP": 3, "ME": 2, "RANK": 3, "PUSH": False, "DIRECT": False},
     ),
 }  # fmt: skip
 #: Pointers to the collective's data: the profile's dtype.
@@ -93,21 +104,21 @@ PROFILES = [
         "RANK": 1, "WORLD": 4, "GROUP": 2, "ME": 1, "BLOCK": 1024, "OP": "sum", "ACC_FP32": True,
         "LOCKED": False, "ROOT": 1, "SRC": 0, "DST": 1,
         "HINT": 16, "ALIASED": False, "MODE": "all_reduce", "PDL": True, "KIND": "broadcast",
-        "PUSH": True, "SEND": True,
+        "PUSH": True, "SEND": True, "LL_BLOCK": 256, "DIRECT": True,
     },
     {
         "dtype": "bf16",
         "RANK": 3, "WORLD": 4, "GROUP": 3, "ME": 2, "BLOCK": 512, "OP": "avg", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 2, "SRC": 1, "DST": 0,
         "HINT": None, "ALIASED": True, "MODE": "all_to_all", "PDL": False, "KIND": "reduce",
-        "PUSH": False, "SEND": False,
+        "PUSH": False, "SEND": False, "LL_BLOCK": 512, "DIRECT": True,
     },
     {
         "dtype": "fp32",
         "RANK": 0, "WORLD": 3, "GROUP": 3, "ME": 0, "BLOCK": 256, "OP": "max", "ACC_FP32": True,
         "LOCKED": True, "ROOT": 0, "SRC": 2, "DST": 2,
         "HINT": 16, "ALIASED": False, "MODE": "reduce_scatter", "PDL": True, "KIND": "scatter",
-        "PUSH": True, "SEND": False,
+        "PUSH": True, "SEND": False, "LL_BLOCK": 1024, "DIRECT": False,
     },
 ]  # fmt: skip
 ALIGNED = [["tt.divisibility", 16]]
@@ -269,6 +280,22 @@ def _check_ll(ptx: str) -> list[str]:
     return problems
 
 
+def _check_uneven(ptx: str, profile: dict) -> list[str]:
+    """Problems with the uneven all_to_all's PTX: with 16-byte aligned remote buffers
+    (``HINT``) its whole bulk tiles must cross the link as 16-byte vectors (stores when it
+    pushes, directly or in rounds; loads when it pulls directly), where a tile gives each
+    thread that many bytes."""
+    if profile.get("HINT") != 16 or profile["dtype"] not in ("fp32", "bf16", "fp16"):
+        return []
+    if _thread_bytes(profile) < 16:
+        return []
+    pulls = profile["DIRECT"] and not profile["PUSH"]
+    wanted = r"\bld\.global\.v4\.b32" if pulls else r"\bst\.global\.v4\.b32"
+    if not re.search(wanted, ptx):
+        return [f"no 16-byte vector {'load' if pulls else 'store'} on the bulk path ({wanted})"]
+    return []
+
+
 def child_main() -> dict:
     """Entry point of the child: {"skip": reason} or {"failures", "kernels", "control"}."""
     try:
@@ -313,6 +340,8 @@ def child_main() -> dict:
             failures += [f"{what}: {p}" for p in unordered_counter_updates(k.asm["ptx"])]
             if qualname == "iris.ccl._ll._ll_kernel":
                 failures += [f"{what}: {p}" for p in _check_ll(k.asm["ptx"])]
+            if qualname == "iris.ccl._uneven._uneven_kernel":
+                failures += [f"{what}: {p}" for p in _check_uneven(k.asm["ptx"], profile)]
             if constexprs.get("PDL"):
                 failures += [f"{what}: {p}" for p in _check_pdl(k.asm["ptx"])]
             if fn.is_gluon() and profile.get("HINT") == 16 and _thread_bytes(profile) >= 16:

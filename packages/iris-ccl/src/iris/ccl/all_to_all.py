@@ -1,5 +1,7 @@
 """``all_to_all``: chunk ``j`` of every rank's input goes to rank ``j``, which stores the
-chunks in group-rank order (like ``torch.distributed.all_to_all_single`` with equal splits).
+chunks in group-rank order (like ``torch.distributed.all_to_all_single``). Without split
+sizes the chunks are equal (the variants below); with split sizes the chunks are rows of
+dim 0 of any sizes (:mod:`iris.ccl._uneven`).
 
 Variants (``Config.variant``):
 
@@ -34,7 +36,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _copy_engine, _host, _plan
+from . import _copy_engine, _host, _plan, _uneven
 from ._plan import Plan
 from .config import Config
 from .triton import tiles
@@ -104,30 +106,43 @@ REGISTERED = (
 
 
 def all_to_all(
-    out: torch.Tensor, inp: torch.Tensor, *, group=None, async_op: bool = False,
-    config: Config | None = None,
+    out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None, input_split_sizes=None, *, group=None,
+    async_op: bool = False, config: Config | None = None,
 ) -> Work | None:  # fmt: skip
-    """Exchange equal chunks of ``inp`` between the ranks of ``group``: chunk ``j`` (viewed
-    flat) goes to rank ``j``, which receives the chunks of every rank in ``out`` in
-    group-rank order.
+    """Exchange chunks of ``inp`` between the ranks of ``group``: chunk ``j`` goes to rank
+    ``j``, which receives the chunks of every rank in ``out`` in group-rank order (like
+    ``torch.distributed.all_to_all_single``).
 
-    :param out: result with as many elements as ``inp``, same dtype and device; any shape.
-        It may be ``inp`` (the exchange then works on a copy of the input).
-    :param inp: this rank's data; its element count must be divisible by the group size;
-        any shape, contiguous or not.
+    :param out: the result, same dtype and device as ``inp``.
+    :param inp: this rank's data, contiguous or not.
+    :param output_split_sizes: rows of dim 0 of ``out`` received from each rank (a list of
+        one int per rank, summing to ``out.shape[0]``), or None.
+    :param input_split_sizes: rows of dim 0 of ``inp`` sent to each rank (summing to
+        ``inp.shape[0]``), or None.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
     :param config: a :class:`Config` (variants: ``iris.ccl.VARIANTS["all_to_all"]``, described
         above); None picks by size.
 
-    Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
-    copied through the collective's staging buffers.
+    Without split sizes (both None) the chunks are equal and flat: ``inp`` and ``out`` have
+    the same element count, divisible by the group size, any shapes. With split sizes (one
+    of them may be None: equal splits of that tensor's dim 0) ``out`` and ``inp`` have rows
+    of the same size, zero-row chunks are allowed, and rank ``i``'s
+    ``input_split_sizes[j]`` must equal rank ``j``'s ``output_split_sizes[i]`` (checked
+    across the ranks in debug mode, ``IRIS_DEBUG=1``); every rank passes split sizes, or
+    none does. ``out`` may be ``inp`` or overlap it (the exchange then works on a copy of the
+    input). Tensors on a symmetric heap spanning exactly ``group`` are used in place; others
+    are copied through the collective's staging buffers (uneven calls read and write them
+    directly and stage only what crosses the link).
     """
+    if output_split_sizes is not None or input_split_sizes is not None:
+        return _uneven.all_to_all(out, inp, output_split_sizes, input_split_sizes, group, async_op, config)
     size, _ = _plan.validate("all_to_all", out, inp, group, config, lambda size: inp.numel())
     if inp.numel() % size:
         raise ValueError(
             f"all_to_all: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group of "
-            f"{size} ranks does not divide into equal chunks; pad inp (and out) to a multiple of {size}"
+            f"{size} ranks does not divide into equal chunks; pad inp (and out) to a multiple of {size}, "
+            "or pass split sizes"
         )
     # an output overlapping the input (out is inp, say): every member reads or writes chunks
     # the others still need, so the exchange works on a copy of the input
