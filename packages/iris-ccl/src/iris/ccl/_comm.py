@@ -8,6 +8,7 @@ on first use, collectively) and copies the caller's tensors through its staging 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -126,7 +127,25 @@ class Communicator:
         return self.sync.kernel_meta()
 
 
-_COMMUNICATORS: dict[tuple[int, tuple[int, ...]], Communicator] = {}
+#: The communicators of each torch.distributed group, keyed by the group object (weakly: the
+#: entry goes with the group; the default group under its current ProcessGroup object):
+#: ``{None: on iris.ccl's own heap, heap: on that heap, in place}``. Never keyed by the member
+#: list: two groups with the same members are independent streams of collectives (torch's
+#: ``dist.new_group([0, 1])`` twice), each with its own sync flags and staging buffers.
+_BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _communicators(group: dist.ProcessGroup | None) -> dict:
+    """The communicators of ``group`` (None: the default group); made empty on first use."""
+    key = dist.group.WORLD if group is None else group
+    table = _BY_GROUP.get(key)
+    if table is None:
+        table = _BY_GROUP[key] = {}
+    return table
+
+
+def _every_communicator() -> list[Communicator]:
+    return [comm for table in list(_BY_GROUP.values()) for comm in list(table.values())]
 
 
 def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Communicator | None:
@@ -136,30 +155,30 @@ def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -
     Every rank must pass tensors of the same kind (all on such a heap, or not), so that all
     ranks make the same choice.
     """
-    ranks = tuple(group_ranks(group))
+    ranks = group_ranks(group)
     heap = iris.mem.heap_of(tensors[0]) if tensors else None
-    if heap is None or tuple(heap.global_ranks) != ranks:
+    if heap is None or heap.global_ranks != ranks:
         return None
     if not all(t.is_contiguous() and heap.is_symmetric(t) for t in tensors):
         return None
-    key = (id(heap), ranks)
-    comm = _COMMUNICATORS.get(key)
-    if comm is None or comm.heap is not heap or comm.heap.closed:
-        comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=False)
+    table = _communicators(group)
+    comm = table.get(heap)
+    if comm is None or comm.heap.closed:
+        comm = table[heap] = Communicator(heap, ranks, owns_heap=False)
     return comm
 
 
 def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
     """The communicator on iris.ccl's own heap for ``group`` (made on first use, collectively;
     ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers)."""
-    ranks = tuple(group_ranks(group))
-    key = (0, ranks)
-    comm = _COMMUNICATORS.get(key)
+    ranks = group_ranks(group)
+    table = _communicators(group)
+    comm = table.get(None)
     if comm is None or comm.heap.closed:
         caps = iris.mem.capabilities(device)
         size = len(STAGING_NAMES) * staging_bytes(caps) + (8 << 20) + p2p_heap_bytes(len(ranks))
         heap = iris.mem.init(size, backend=caps.backend, group=group)
-        comm = _COMMUNICATORS[key] = Communicator(heap, ranks, owns_heap=True)
+        comm = table[None] = Communicator(heap, ranks, owns_heap=True)
     return comm
 
 
@@ -170,7 +189,7 @@ def check_errors() -> None:
     record the timeout, so call this after a synchronisation point (it synchronises the
     device itself).
     """
-    for comm in list(_COMMUNICATORS.values()):
+    for comm in _every_communicator():
         if not comm.heap.closed:
             iris.mem.synchronize(comm.device)
             comm.check()
@@ -178,7 +197,7 @@ def check_errors() -> None:
 
 def close_all() -> None:
     """Close the heaps iris.ccl made for itself (also at interpreter exit)."""
-    for comm in list(_COMMUNICATORS.values()):
+    for comm in _every_communicator():
         if comm.owns_heap:
             comm.heap.close()
-    _COMMUNICATORS.clear()
+    _BY_GROUP.clear()

@@ -1,0 +1,78 @@
+"""Cases found by trying to break iris.ccl on purpose (CPU backend, 2-3 ranks): each must end
+with the right answer (compared with torch.distributed / gloo) or a clear error on every
+rank, never wrong data, a hang or a leak (conftest.py checks /dev/shm around every test)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from ccl_testutils import make_input, mismatch, reduced
+
+import iris.ccl
+import iris.mem
+from iris.mem.testing import run_world
+
+pytestmark = [pytest.mark.timeout(300)]
+
+SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "1"}
+
+
+# --------------------------------------------------------------------------- settings
+def staging_setting_body(rank, world_size):
+    x = torch.ones(100)
+    try:
+        iris.ccl.all_reduce(x, x)  # staged: reads IRIS_CCL_STAGING_BYTES
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("value", ["3000", "1", "0", "-5", "lots"])
+def test_staging_bytes_is_validated_with_its_minimum(value):
+    """A staging size below 16 KiB (3000 used to fail in range(), 1 in a view) is refused on
+    every rank when the setting is read, naming the variable."""
+    for message in run_world(staging_setting_body, 2, env={"IRIS_CCL_STAGING_BYTES": value}, timeout=120):
+        assert message is not None and "IRIS_CCL_STAGING_BYTES" in message, message
+        if value in ("3000", "1"):
+            assert "must be at least 16384 bytes" in message, message
+
+
+# --------------------------------------------------------------------------- groups
+def crossed_groups_body(rank, world_size, on_heap):
+    """Two groups with the same members, all_reduces issued in crossed order on them (rank
+    0: A then B, rank 1: B then A) after a warm-up in the same order."""
+    heap = iris.mem.init(1 << 22) if on_heap else None
+    groups = {"A": dist.new_group([0, 1]), "B": dist.new_group([0, 1])}
+    n = 1000
+
+    def tensor(name):
+        x = make_input((n,), torch.float32, rank, salt=ord(name))
+        return heap.as_symmetric(x) if on_heap else x
+
+    for name in "AB":  # warm-up: the groups' state is made by host collectives
+        iris.ccl.all_reduce(tensor(name), tensor(name), group=groups[name])
+    inputs = {name: tensor(name) for name in "AB"}
+    wants = {name: reduced(x, "SUM") for name, x in inputs.items()}
+    outcome = {}
+    for name in "AB" if rank == 0 else "BA":
+        x = inputs[name]
+        try:
+            iris.ccl.all_reduce(x, x, group=groups[name], async_op=True).wait()
+        except iris.mem.DeviceWaitTimeout:
+            outcome[name] = "timeout"  # the crossed calls wait for each other: both give up
+            continue
+        outcome[name] = mismatch(x, wants[name], f"group {name}") or "ok"
+    if heap is not None:
+        heap.close()
+    return outcome
+
+
+@pytest.mark.parametrize("on_heap", [False, True], ids=["staged", "in_place"])
+def test_groups_with_the_same_members_keep_their_own_state(on_heap):
+    """Each call gives the right sum or a DeviceWaitTimeout; never the other group's data
+    (a shared state mixed them: rank 0's A reduced with rank 1's B)."""
+    results = run_world(crossed_groups_body, 2, on_heap, env=SHORT_WAIT, timeout=180)
+    for rank, outcome in enumerate(results):
+        for name, what in outcome.items():
+            assert what in ("ok", "timeout"), f"rank {rank}, group {name}: {what}"
+    # the first crossed call of each rank waits for a peer that is in the other group's call
+    assert results[0]["A"] == results[1]["B"] == "timeout", results
