@@ -340,7 +340,27 @@ def bad_input_body(rank, world_size):
             seen.append((name, None))
             bad.append(f"{name}: no exception")
     one_case(bad, rank, g, "auto", "float32", "random", (4,), 700)
+    bad += _disagreeing_sizes(rank, g)
     return {"bad": bad, "cases": len(seen), "seen": seen}
+
+
+def _disagreeing_sizes(rank: int, g: int) -> list[str]:
+    """Without debug mode, the last rank sends rank 1 four rows where rank 1 expects three
+    (every other pair agrees; every rank's own sizes add up): a direct push stops at the
+    rows rank 1 expects, so the rows right after rank 1's output keep their values."""
+    import iris.ccl as ccl
+    import iris.mem
+
+    sends = [[3] * g for _ in range(g - 1)] + [[3, 4] + [3] * (g - 3) + [2]]
+    expects = [3] * (g - 1) + [2] if rank == g - 1 else [3] * g
+    with iris.mem.init(1 << 20) as heap:
+        x = heap.full((sum(sends[rank]), 2), float(rank))
+        buf = heap.full((sum(expects) + 8, 2), -7.0)  # the output, then 8 guard rows
+        ccl.all_to_all(buf[: sum(expects)], x, expects, sends[rank], config=_cfg("push"))
+        guard = buf[sum(expects) :]
+        problems = [] if bool((guard == -7.0).all()) else [f"a push wrote past the output: {guard.tolist()}"]
+        heap.barrier()
+    return problems
 
 
 def test_uneven_bad_split_sizes():

@@ -14,9 +14,12 @@ the ranks tell each other:
 1. **Headers.** Program 0 stores a header into box ``ME`` of every peer ``j`` (the ``ll``
    staging buffer, flags in the data as in :mod:`iris.ccl._ll`): where ``j``'s data lands
    in this rank's output (or, for a pull, where this rank's data for ``j`` starts in its
-   input) and how many bulk rounds this rank needs as a sender. Every program polls the
-   headers of every peer (a header from a peer also proves that the peer has entered the
-   call, so its output may be written).
+   input), how many bulk rounds this rank needs as a sender, the heap offset of that
+   output (input), so that heap tensors need not sit at the same offset on every rank
+   (with uneven sizes they seldom do), and the pair's row count as this rank sees it, which
+   bounds a direct transfer where split sizes disagree. Every program polls the headers of
+   every peer (a header from a peer also proves that the peer has entered the call, so its
+   output may be written).
 2. **Small pairs, flags in data.** A pair (sender ``i``, receiver ``j``) whose count is at
    most ``ll_limit`` elements (both ends know the pair's count, so both classify it the
    same way) goes the ``ll`` way at once, without waiting for any header: its tiles, data
@@ -73,10 +76,12 @@ from .work import Work
 #: 8-byte words at the start of each ``ll`` box that hold the header (16: 128-byte aligned tiles).
 HEADER_WORDS = 16
 _HDR: tl.constexpr = tl.constexpr(HEADER_WORDS)
-#: Header words a rank sends every peer: where the peer's rows go in (push) or come from
-#: (pull) its tensor, the bulk rounds it needs, and the heap offset of that tensor (two
-#: words), so that direct accesses need no tensor at the same heap offset on every rank.
-_WORDS: tl.constexpr = tl.constexpr(4)
+#: Header words a rank sends every peer (8, of which 5 are used): where the peer's rows go
+#: in (push) or come from (pull) its tensor, the bulk rounds it needs, the heap offset of
+#: that tensor (two words: direct accesses need no tensor at the same heap offset on every
+#: rank) and the pair's rows as it sees them (a direct transfer never goes past them, even
+#: where split sizes disagree).
+_WORDS: tl.constexpr = tl.constexpr(8)
 #: Split rows and header payloads travel as 32-bit numbers.
 MAX_ROWS = (1 << 31) - 1
 #: What ``Config(variant=...)`` means for an uneven call: which pairs go the ``ll`` way
@@ -154,7 +159,7 @@ def _copy(src, dst, n, t, BLOCK: tl.constexpr):
 def _headers(bank, box_stride, flag, ctx, group, GROUP: tl.constexpr, ME: tl.constexpr):
     """The header words every peer stored in its box of ``bank`` (this rank's memory),
     polled until each carries ``flag`` (at most the group's wait budget; then the timeout
-    is recorded for the host). Returns ``(lane, payloads, live)``: lane ``4 i + w`` is word
+    is recorded for the host). Returns ``(lane, payloads, live)``: lane ``8 i + w`` is word
     ``w`` of member ``i``'s header, ``live`` the lanes of peers."""
     lane = tl.arange(0, _WORDS * _pow2(GROUP))
     peer = lane // _WORDS
@@ -223,7 +228,9 @@ def _uneven_kernel(
         for k in tl.static_range(1, GROUP):
             j = (ME + k) % GROUP
             at = tl.load(table + (2 if PUSH else 0) * GROUP + j)
+            rows = tl.load(table + (3 if PUSH else 1) * GROUP + j)
             payload = tl.where(w == 0, at, tl.where(w == 1, need, tl.where(w == 2, far, far >> 32)))
+            payload = tl.where(w == 4, rows, payload)
             words = (payload & 0xFFFFFFFF) | (flag.to(tl.int64) << 32)
             ctx.store(bank + ME * box_stride + w, words, group.rank(j), hint=16)
     for k in tl.static_range(1, GROUP):  # small pairs: tiles with flags, at once
@@ -265,7 +272,8 @@ def _uneven_kernel(
                 there = tl.sum(tl.where(lane == _WORDS * j, payload, 0)) * row
                 there += (peer_far - far) // (ELEM.primitive_bitwidth // 8)
                 n = tl.load(table + (1 if PUSH else 3) * GROUP + j) * row
-                n = tl.where(n > ll_limit, n, 0)
+                agreed = tl.sum(tl.where(lane == _WORDS * j + 4, payload, 0)) * row
+                n = tl.where(n > ll_limit, tl.minimum(n, agreed), 0)
                 here = tl.load(table + (0 if PUSH else 2) * GROUP + j) * row
                 s = here if PUSH else there
                 d = there if PUSH else here
