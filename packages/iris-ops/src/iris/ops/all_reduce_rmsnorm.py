@@ -8,7 +8,7 @@ inputs to the final rounding. Two forms, each one kernel per call:
 ``"ll"`` (decode sizes). Every rank stores its input into a box of every peer as 8-byte
 lines of 4 data bytes and a 4-byte flag that numbers the launch (the flag-in-data exchange
 of iris.ccl's ``ll`` variant, through :mod:`iris.ccl.triton.ll`). A program then polls the
-lines of its rows in its own boxes until each carries this call's flag, sums the members'
+lines of its rows in its own boxes until each carries this launch's flag, sums the members'
 rows in member order in registers, adds the residual and normalises. No barrier and no
 flag round trip: a call costs one link latency plus the bytes, twice the input's on the
 link. The boxes alternate between two banks (the launch number's parity): a rank can run at
@@ -31,7 +31,11 @@ workspace for call ``g + 1`` only after it has received that peer's rows of call
 which the peer sends after it has read everything of call ``g`` it was sent.
 
 Both forms sum the members in member order, so every rank computes bitwise the same ``s``
-(with the same residual everywhere) and both forms give the same results.
+(with the same residual everywhere) and both forms give the same results. Both number their
+launches with a counter in the workspace that every launch advances by exactly ``2**20``
+(:func:`iris.ccl.triton.sync.advance_launch_counter`), and every flag holds
+``launch mod (2**31 - 1) + 1``, compared for equality: a flag is written once per launch and
+takes its next value only after its reader has seen this one, so the values may wrap.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ class AllReduceRMSNormConfig:
         programs: persistent programs (1-1024, never more than the device keeps resident);
             default: one per row (``"ll"``: per pushed piece as well) up to the SM count.
         spread: ``"ll"`` only: spread the pushes over every program in pieces of two
-            16-byte lines per thread (2048 bf16 elements with 16 warps) instead of each
+            lines (16 bytes) per thread (2048 bf16 elements with 16 warps) instead of each
             program pushing the rows it receives. None: on where programs run concurrently
             (compiled kernels). Never when ``out`` is ``inp`` (a program must read its rows
             before it overwrites them).
@@ -611,8 +615,8 @@ def _run_ll(args, out, residual_out, ranks, index, size, cfg, flags, caps, eps, 
     rows = max(1, min(tokens, _LL_BANK_BYTES[caps.interpreted] // max(1, peers * row_lines * 8)))
     box_stride = rows * row_lines
     specs = [("launches", 1, torch.int64), ("boxes", 2 * peers * box_stride, torch.int64)]
-    # A program must read its rows of inp before it overwrites them in out.
-    spread = cfg.spread and not _host.overlaps(k_out, inp)
+    # A program must read its rows of inp before it overwrites them in out; alone, nothing to push.
+    spread = cfg.spread and size > 1 and not _host.overlaps(k_out, inp)
     shapes = _shapes(inp, weight, flags, spread)
     ws = _host.workspace_for(_OP, ranks, index, shapes, inp, cfg, rows, out, False, specs, workspace, group)
     piece = piece_elements(cfg, inp.element_size())
