@@ -76,3 +76,50 @@ def test_groups_with_the_same_members_keep_their_own_state(on_heap):
             assert what in ("ok", "timeout"), f"rank {rank}, group {name}: {what}"
     # the first crossed call of each rank waits for a peer that is in the other group's call
     assert results[0]["A"] == results[1]["B"] == "timeout", results
+
+
+# --------------------------------------------------------------------------- aliasing
+#: The default and the variants that run on the caller's heap; the rest in tests_full.
+OVERLAP_VARIANTS = ["auto", "one_shot", "two_shot", "ring"]
+OVERLAP_VARIANTS_FULL = ["ll", "boxed", "two_shot_push", "atomic", "spinlock"]
+
+
+def overlap_body(rank, world_size, variants):
+    """all_reduce(out, inp) with ``out`` one element off ``inp`` in one buffer, both ways, on
+    a heap and not; then ``out is inp`` on the heap, which must stay in place."""
+    n = 3000  # several tiles of every variant, not a multiple of any
+    bad = []
+    with iris.mem.init(1 << 22) as heap:
+        for variant in variants:
+            cfg = iris.ccl.Config(variant=variant)
+            for on_heap in (False, True):
+                for shift in (1, -1):
+                    buf = heap.zeros(n + 1) if on_heap else torch.zeros(n + 1)
+                    inp, out = (buf[:n], buf[1:]) if shift == 1 else (buf[1:], buf[:n])
+                    inp.copy_(make_input((n,), torch.float32, rank, salt=shift))
+                    want = reduced(inp, "SUM")
+                    iris.ccl.all_reduce(out, inp, config=cfg)
+                    where = f"{variant}, {'heap' if on_heap else 'plain'}, out = inp shifted by {shift}"
+                    if problem := mismatch(out, want, where):
+                        bad.append(problem)
+        own_before = iris.ccl._comm._communicators(None).get(None)
+        x = heap.as_symmetric(make_input((n,), torch.float32, rank))
+        want = reduced(x, "SUM")
+        iris.ccl.all_reduce(x, x, config=iris.ccl.Config(variant="two_shot"))
+        if problem := mismatch(x, want, "out is inp on the heap"):
+            bad.append(problem)
+        if iris.ccl._comm._communicators(None).get(None) is not own_before:
+            bad.append("out is inp on the heap was staged")
+    return bad
+
+
+@pytest.mark.parametrize(
+    "variants",
+    [OVERLAP_VARIANTS, pytest.param(OVERLAP_VARIANTS_FULL, marks=pytest.mark.full)],
+    ids=["main", "rest"],
+)
+def test_all_reduce_output_overlapping_its_input(variants):
+    """Each variant gives torch's result for an output that partly overlaps the input (they
+    were wrong at tile edges); the exact same memory (in place) still runs on the heap."""
+    for rank, bad in enumerate(run_world(overlap_body, 3, variants, timeout=240)):
+        assert not bad, f"rank {rank}: " + "\n".join(bad)

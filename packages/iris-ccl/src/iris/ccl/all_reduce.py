@@ -314,7 +314,9 @@ def all_reduce(
 ) -> Work | None:  # fmt: skip
     """Reduce ``inp`` over the ranks of ``group`` into ``out`` on every rank.
 
-    :param out: result, same shape, dtype and device as ``inp``; may be ``inp``.
+    :param out: result, same shape, dtype and device as ``inp``; may be ``inp`` (or a view of
+        the same memory). An ``out`` that overlaps ``inp`` only in part is allowed too: the
+        input is copied first (through iris.ccl's own heap).
     :param inp: this rank's contribution; any shape, contiguous or not.
     :param op: SUM, AVG (floating types), MAX or MIN.
     :param group: torch.distributed group, or None for the world.
@@ -327,8 +329,15 @@ def all_reduce(
     _plan.validate("all_reduce", out, inp, group, config, lambda size: inp.numel())
     if out.shape != inp.shape:
         raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")
-    # every variant takes an output overlapping the input (out is inp, say) or falls back
+    # every variant takes the output in the input's own memory (out is inp, say) or falls
+    # back; an output overlapping the input in part is written over input a peer (or a later
+    # tile) still reads, so that input is copied first
     return _plan.run(
         "all_reduce", out, inp, inp.numel(), group=group, config=config, async_op=async_op, op=op,
-        overlap_ok=lambda src, dst: True,
+        overlap_ok=_same_memory,
     )  # fmt: skip
+
+
+def _same_memory(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether the flat ``src`` and ``dst`` (same element count and dtype) are one memory."""
+    return src.data_ptr() == dst.data_ptr()
