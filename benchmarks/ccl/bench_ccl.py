@@ -10,6 +10,13 @@ graph of several calls, the contenders of a size timed in interleaved rounds
 (``benchmarks/bench_timing.py``; ``--sequential``: each one after the other), median over
 the rounds per rank, maximum over ranks. Prints a table with bus bandwidth and ratios;
 writes results.json and ccl_<collective>.png.
+
+``all_to_all_uneven`` is ``iris.ccl.all_to_all`` with split sizes beside NCCL's
+``all_to_all_single`` with the same splits: rows of ``--hidden`` elements, split the way a
+mixture-of-experts layer sends tokens (``--patterns``: random weights per rank, most rows to
+rank 0, or random with some pairs empty), 64 KiB to 256 MiB of input per rank::
+
+    torchrun --nproc_per_node=2 benchmarks/ccl/bench_ccl.py --collectives all_to_all_uneven
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ SIZES = sorted({8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB} | {Mi
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Every variant of every collective iris.ccl has ("auto" picks one of them).
 IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VARIANTS.items()}
+#: all_to_all with split sizes: its name here, its per-rank input sizes (64 KiB * 4**i up
+#: to 256 MiB) and split patterns; copy_engine runs push when split sizes are given.
+UNEVEN = "all_to_all_uneven"
+UNEVEN_SIZES = [64 * KiB * 4**i for i in range(7)]
+PATTERNS = ("random", "skewed", "zeros")
 
 
 def _calls(nbytes: int) -> int:
@@ -169,7 +181,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/ccl/results")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    parser.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,all_to_all")
+    parser.add_argument("--collectives", default=f"all_reduce,all_gather,reduce_scatter,all_to_all,{UNEVEN}")
+    parser.add_argument(
+        "--patterns", default=",".join(PATTERNS), help=f"split patterns of {UNEVEN}: {', '.join(PATTERNS)}"
+    )
+    parser.add_argument("--hidden", type=int, default=4096, help=f"elements per row of {UNEVEN}")
     parser.add_argument("--max-bytes", type=int, default=GiB)
     parser.add_argument(
         "--sizes",
@@ -207,12 +223,17 @@ def main() -> int:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dtype = DTYPES[args.dtype]
     world = dist.get_world_size()
-    sizes = sorted(_parse_size(v) for v in args.sizes.split(",") if v) or SIZES
-    sizes = [s for s in sizes if s <= args.max_bytes]
-    heap = iris.mem.init(2 * sizes[-1] * world + sizes[-1] + (256 << 20))
-    bufs = Buffers(heap, sizes[-1], dtype, world)
+    explicit = sorted(_parse_size(v) for v in args.sizes.split(",") if v)
+    sizes = [s for s in explicit or SIZES if s <= args.max_bytes]
+    uneven_sizes = [s for s in explicit or UNEVEN_SIZES if s <= args.max_bytes]
+    largest = max(sizes + uneven_sizes)
+    heap = iris.mem.init(2 * largest * world + largest + (256 << 20))
+    bufs = Buffers(heap, largest, dtype, world)
     rows, failures = [], []
     for collective in args.collectives.split(","):
+        if collective == UNEVEN:
+            _bench_uneven(args, bufs, world, dtype, uneven_sizes, rows, failures)
+            continue
         if not hasattr(iris.ccl, collective):
             continue
         for nbytes in sizes:
@@ -285,6 +306,94 @@ def main() -> int:
     return 1 if failures else 0
 
 
+def _moe_splits(pattern: str, rows: int, world: int, seed: int) -> list[list[int]]:
+    """``m[i][j]``: rows rank ``i`` sends rank ``j`` (every rank draws the same matrix), each
+    rank sending ``rows``: by random weights ("random"), about three quarters to rank 0, a
+    hot expert ("skewed"), or by random weights with every even rank sending nothing to the
+    next rank ("zeros")."""
+    g = torch.Generator().manual_seed(seed)
+    m = []
+    for i in range(world):
+        w = torch.rand(world, generator=g, dtype=torch.float64)
+        if pattern == "skewed":
+            w[0] += 3 * (w.sum() - w[0])
+        elif pattern == "zeros" and i % 2 == 0:
+            w[(i + 1) % world] = 0.0
+        counts = (w / w.sum() * rows).floor().long()
+        counts[int(w.argmax())] += rows - int(counts.sum())
+        m.append(counts.tolist())
+    return m
+
+
+def _bench_uneven(args, bufs: Buffers, world: int, dtype, sizes, rows: list, failures: list) -> None:
+    """iris.ccl.all_to_all with split sizes (every variant and "auto", heap tensors) beside
+    NCCL's all_to_all_single with the same splits (plain tensors), per pattern and size:
+    checked equal to NCCL's result, then timed. Appends to ``rows`` and ``failures``."""
+    rank = dist.get_rank()
+    variants = [v for v in IRIS_VARIANTS["all_to_all"] if v != "copy_engine"]
+    variants = [v for v in variants if not args.variants or v in args.variants]
+    variants += [] if args.variants else ["auto"]
+    for pattern in [p for p in args.patterns.split(",") if p]:
+        for nbytes in sizes:
+            count = max(1, nbytes // (args.hidden * dtype.itemsize))  # rows this rank sends
+            m = _moe_splits(pattern, count, world, nbytes)
+            sends, receives = m[rank], [r[rank] for r in m]
+            n_in, n_out = count * args.hidden, sum(receives) * args.hidden
+            inp, out = bufs.inp[:n_in].view(count, -1), bufs.out[:n_out].view(-1, args.hidden)
+            ninp, nout = bufs.nccl_inp[:n_in].view(count, -1), bufs.nccl_out[:n_out].view(-1, args.hidden)
+
+            def iris_call(variant, out=out, inp=inp, receives=receives, sends=sends):
+                cfg = iris.ccl.Config(variant=variant)
+                return lambda: iris.ccl.all_to_all(out, inp, receives, sends, config=cfg)
+
+            fns = {}
+            inp.normal_()
+            ninp.copy_(inp)
+            dist.all_to_all_single(nout, ninp, receives, sends)
+            for variant in variants:
+                what = f"{UNEVEN}/{pattern}/{variant} {_size(nbytes)}"
+                out.zero_()
+                iris_call(variant)()
+                try:
+                    iris.ccl.check_errors()  # synchronises; raises if a device wait gave up
+                    problem = None if torch.equal(out, nout) else f"{what}: differs from NCCL"
+                except iris.mem.DeviceWaitTimeout as e:
+                    problem = f"{what}: {e}"
+                if any_rank([problem is not None])[0]:  # the same contenders everywhere
+                    failures.append(problem or f"{what}: wrong on another rank")
+                    continue
+                fns[f"iris_{variant}"] = iris_call(variant)
+            fns["nccl"] = lambda nout=nout, ninp=ninp, r=receives, s=sends: dist.all_to_all_single(
+                nout, ninp, r, s
+            )
+            errors: dict[str, str] = {}
+            times = interleaved_us(
+                fns, args.reps, calls=_calls(nbytes), errors=errors, check=iris.ccl.check_errors
+            )
+            for name, error in errors.items():
+                print(f"rank {rank}: {name} not timed: {error.splitlines()[0]}"[:400], flush=True)
+            timed = [(t, k) for k, t in times.items() if k.startswith("iris_") and k != "iris_auto"]
+            if not timed or "nccl" not in times:
+                continue
+            best = min(timed)
+            row = {
+                "collective": f"{UNEVEN}/{pattern}",
+                "bytes": nbytes,
+                "dtype": args.dtype,
+                "times_us": times,
+            }
+            row.update(splits=m, iris_best_us=best[0], iris_best=best[1])
+            row["busbw_GBps"] = _bus_factor(UNEVEN, world) * nbytes / (best[0] * 1e-6) / 1e9
+            rows.append(row)
+            if rank == 0:
+                print(
+                    f"{UNEVEN}/{pattern} {_size(nbytes)}: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in times.items())
+                    + f" us; NCCL / iris auto {times['nccl'] / times.get('iris_auto', float('nan')):.2f}",
+                    flush=True,
+                )
+
+
 def _write_table(rows, path: str, world: int) -> None:
     """The tuning table of this run: per collective, the fastest variant of each size,
     merged into ``[[max_bytes, variant], ..., [null, variant]]`` rules (sizes as
@@ -294,7 +403,8 @@ def _write_table(rows, path: str, world: int) -> None:
 
     table = json.loads(json.dumps(config._load_table(str(config._PACKAGED_TABLE))))
     measured = {}
-    for collective in dict.fromkeys(r["collective"] for r in rows):
+    # the table picks variants of equal-split collectives (split sizes: one kernel, see docs)
+    for collective in dict.fromkeys(r["collective"] for r in rows if r["collective"] in IRIS_VARIANTS):
         rules: list[list] = []
         for r in sorted((r for r in rows if r["collective"] == collective), key=lambda r: r["bytes"]):
             # gluon needs a GPU: keep the table usable on every backend
@@ -397,7 +507,7 @@ def _plot(rows, out) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(os.path.join(out, f"ccl_{collective}.png"), dpi=110)
+        fig.savefig(os.path.join(out, f"ccl_{collective.replace('/', '_')}.png"), dpi=110)
         plt.close(fig)
 
 
