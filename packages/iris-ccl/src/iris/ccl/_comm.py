@@ -8,6 +8,7 @@ on first use, collectively) and copies the caller's tensors through its staging 
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 
@@ -163,8 +164,10 @@ def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -
         return None
     table = _communicators(group)
     comm = table.get(heap)
-    if comm is None or comm.heap.closed:
+    if comm is None:
         comm = table[heap] = Communicator(heap, ranks, owns_heap=False)
+        # closing the heap drops the communicator (its flags hold the heap's memory)
+        heap.on_close(functools.partial(table.pop, heap, None))
     return comm
 
 

@@ -120,6 +120,7 @@ class SymmetricHeap:
             )
         self._backend: Backend = create_backend(name, self._comm)
         self._closed = False
+        self._close_callbacks: list[Callable[[], object]] = []
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._heap, bases = self._backend.map_heaps(heap_size, self._comm)
         self._base = self._heap.data_ptr()
@@ -713,6 +714,19 @@ class SymmetricHeap:
         return result
 
     # ------------------------------------------------------------------ lifetime
+    def on_close(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` when :meth:`close` runs, before the heap's memory is released.
+
+        For libraries that keep state on or about a heap (iris.ccl keeps the sync flags of
+        collectives run in place on it): the callback drops it, so that closing the heap
+        releases the mapping, its file descriptor and its pages. Callbacks run once, in the
+        order they were registered, with :attr:`closed` already true; they must not use the
+        heap. An exception in one is logged and the others still run. Not called when the
+        heap is only garbage-collected or the interpreter exits.
+        """
+        self._check_open()
+        self._close_callbacks.append(callback)
+
     def close(self) -> None:
         """Release this rank's heap and peer mappings. Tensors allocated on the heap must
         not be used by kernels afterwards. Idempotent; also run at interpreter exit."""
@@ -720,6 +734,12 @@ class SymmetricHeap:
             return
         self._closed = True
         _OPEN_HEAPS.discard(self)
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one library's failure must not keep the heap open
+                _log.exception("heap.on_close callback %r failed", callback)
         self._finalizer()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
