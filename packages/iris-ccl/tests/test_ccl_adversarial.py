@@ -4,6 +4,7 @@ rank, never wrong data, a hang or a leak (conftest.py checks /dev/shm around eve
 
 import gc
 import os
+import threading
 import weakref
 
 import pytest
@@ -21,23 +22,31 @@ SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "1"}
 
 
 # --------------------------------------------------------------------------- settings
+STAGING_VALUES = ["3000", "1", "0", "-5", "lots"]
+
+
 def staging_setting_body(rank, world_size):
-    x = torch.ones(100)
-    try:
-        iris.ccl.all_reduce(x, x)  # staged: reads IRIS_CCL_STAGING_BYTES
-    except ValueError as e:
-        return str(e)
-    return None
+    messages = []
+    for value in STAGING_VALUES:  # read at every call
+        os.environ["IRIS_CCL_STAGING_BYTES"] = value
+        x = torch.ones(100)
+        try:
+            iris.ccl.all_reduce(x, x)  # staged: reads IRIS_CCL_STAGING_BYTES
+        except ValueError as e:
+            messages.append(str(e))
+        else:
+            messages.append(None)
+    return messages
 
 
-@pytest.mark.parametrize("value", ["3000", "1", "0", "-5", "lots"])
-def test_staging_bytes_is_validated_with_its_minimum(value):
-    """A staging size below 16 KiB (3000 used to fail in range(), 1 in a view) is refused on
-    every rank when the setting is read, naming the variable."""
-    for message in run_world(staging_setting_body, 2, env={"IRIS_CCL_STAGING_BYTES": value}, timeout=120):
-        assert message is not None and "IRIS_CCL_STAGING_BYTES" in message, message
-        if value in ("3000", "1"):
-            assert "must be at least 16384 bytes" in message, message
+def test_staging_bytes_is_validated_with_its_minimum():
+    """A staging size below 16 KiB (3000 used to fail in range(), 1 in a view) or not a
+    positive number is refused on every rank when the setting is read, naming the variable."""
+    for messages in run_world(staging_setting_body, 2, timeout=120):
+        for value, message in zip(STAGING_VALUES, messages):
+            assert message is not None and "IRIS_CCL_STAGING_BYTES" in message, (value, message)
+            if value in ("3000", "1"):
+                assert f"must be at least 16384 bytes, got {value!r}" in message, message
 
 
 # --------------------------------------------------------------------------- groups
@@ -167,3 +176,72 @@ def test_closing_a_heap_releases_what_collectives_kept_of_it():
         assert maps <= maps0 + 2, (
             f"rank {rank}: mappings grew from {maps0} to {maps} over {cycles - 2} cycles"
         )
+
+
+# --------------------------------------------------------------------------- threads
+def two_threads_body(rank, world_size, calls):
+    """Rank 0 serves two groups, {0, 1} and {0, 2}, from two threads at once; ranks 1 and 2
+    each run their group's collectives from their main thread."""
+    groups = [dist.new_group([0, 1]), dist.new_group([0, 2])]
+    mine = [0, 1] if rank == 0 else [rank - 1]
+    problems: list[str] = []
+
+    def work(g):
+        for k in range(calls):
+            x = make_input((2000,), torch.float32, rank, salt=10 * g + k)
+            want = reduced(x, "SUM", group=groups[g])  # gloo, on the group
+            try:
+                iris.ccl.all_reduce(x, x, group=groups[g])
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                problems.append(f"group {g}, call {k}: {type(e).__name__}: {e}")
+                return
+            if problem := mismatch(x, want, f"group {g}, call {k}"):
+                problems.append(problem)
+
+    threads = [threading.Thread(target=work, args=(g,)) for g in mine]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return problems
+
+
+def test_collectives_from_two_threads_of_a_rank():
+    """Kernels of one process run one at a time where they are interpreted (Triton's
+    interpreter keeps global state: two threads gave wrong sums, then interpreter errors):
+    every call of both threads gives torch's result."""
+    for rank, problems in enumerate(run_world(two_threads_body, 3, 6, env=SHORT_WAIT, timeout=240)):
+        assert not problems, f"rank {rank}: " + "\n".join(problems)
+
+
+def crossed_threads_body(rank, world_size):
+    """Two groups with the same members, one thread each on both ranks, one all_reduce per
+    thread: the threads' kernels run one at a time per process, in an order that may differ
+    between the ranks."""
+    groups = [dist.new_group([0, 1]), dist.new_group([0, 1])]
+    outcome = {}
+
+    def work(g):
+        x = make_input((1000,), torch.float32, rank, salt=g)
+        want = reduced(x, "SUM", group=groups[g])
+        try:
+            iris.ccl.all_reduce(x, x, group=groups[g])
+        except iris.mem.DeviceWaitTimeout:
+            outcome[g] = "timeout"
+        else:
+            outcome[g] = mismatch(x, want, f"group {g}") or "ok"
+
+    threads = [threading.Thread(target=work, args=(g,)) for g in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcome
+
+
+@pytest.mark.full
+def test_threads_on_groups_with_the_same_members():
+    """Where the ranks ran the two threads' kernels in crossed order, both calls of that
+    order wait for each other and give up (DeviceWaitTimeout); no call gives wrong data."""
+    for rank, outcome in enumerate(run_world(crossed_threads_body, 2, env=SHORT_WAIT, timeout=240)):
+        assert sorted(outcome) == [0, 1] and set(outcome.values()) <= {"ok", "timeout"}, (rank, outcome)

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from iris.mem import runtime
 from iris.mem.triton import Context
 
 from . import _host
@@ -157,7 +158,9 @@ def all_reduce(comm, cfg: Config, src: torch.Tensor, dst: torch.Tensor, op: str)
         slots = dst[lo:] if spread else out
         meta = {"ME": me, "GROUP": size, "BLOCK": _REDUCE_BLOCK, "OP": op, "ACC_FP32": acc_fp32}
         grid = (triton.cdiv(hi - lo, _REDUCE_BLOCK),)
-        _reduce_kernel[grid](own, slots, out, chunk if spread else 0, hi - lo, **meta)
+        # one interpreted kernel at a time per process (Triton's interpreter has global state)
+        with runtime.INTERPRETER_LOCK if comm.capabilities.interpreted else contextlib.nullcontext():
+            _reduce_kernel[grid](own, slots, out, chunk if spread else 0, hi - lo, **meta)
         if spread:
             _barrier(comm, cfg, 1 + pieces + k)
         reduced.append(streams.record())

@@ -16,6 +16,7 @@ group's size and this rank's index in it). ``iris.mem.triton.Group.initialize`` 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -173,6 +174,13 @@ class SyncState:
         )
 
 
+#: Held while :func:`launch` runs a kernel in Triton's interpreter (``capabilities.interpreted``):
+#: the interpreter keeps global state (the program being run, its patched ``tl`` functions),
+#: so kernels of two threads of one process must not run at once. Libraries that launch
+#: interpreted kernels of their own beside Iris's may hold it too.
+INTERPRETER_LOCK = threading.RLock()
+
+
 def launch(kernel, grid: int, state: SyncState, *args, programs: int | None = None, **meta) -> None:
     """Launch ``kernel`` on ``grid`` programs with ``state``'s leading arguments and
     constexprs, then ``args`` and ``meta``.
@@ -182,7 +190,8 @@ def launch(kernel, grid: int, state: SyncState, *args, programs: int | None = No
     a waiting program could otherwise hold the SM its peer's twin needs. A kernel with a
     ``PDL`` constexpr that the caller leaves unset gets programmatic dependent launch where
     the device has it. Where kernels finish before the launch returns (the interpreter), a
-    wait timeout they recorded is raised at once.
+    wait timeout they recorded is raised at once, and launches from several threads of the
+    process run one after another (:data:`INTERPRETER_LOCK`).
     """
     caps = state.capabilities
     limit = min(state.slots, programs or caps.resident_programs)
@@ -193,12 +202,16 @@ def launch(kernel, grid: int, state: SyncState, *args, programs: int | None = No
         meta = {**meta, "PDL": caps.pdl, "launch_pdl": caps.pdl}
     elif meta.get("PDL"):
         meta = {**meta, "launch_pdl": True}
-    kernel[(grid,)](*state.kernel_args(), *args, **state.kernel_meta(), **meta)
-    if caps.interpreted:
-        state.check()
+    if not caps.interpreted:
+        kernel[(grid,)](*state.kernel_args(), *args, **state.kernel_meta(), **meta)
+        return
+    with INTERPRETER_LOCK:  # one interpreted kernel at a time per process
+        kernel[(grid,)](*state.kernel_args(), *args, **state.kernel_meta(), **meta)
+    state.check()
 
 
 __all__ = [
+    "INTERPRETER_LOCK",
     "MAX_SLOTS",
     "STATUS_TIMEOUT",
     "STATUS_WORDS",
