@@ -4,6 +4,14 @@ Each rank creates one shared-memory segment of ``heap_size`` bytes with mode 060
 an unpredictable name, every peer maps it, and after a barrier that proves all peers have
 mapped it the owner unlinks the name. From then on nothing is left in ``/dev/shm`` even if
 the job is killed: the memory lives only as long as some process maps it.
+
+The ranks exchange the names before any segment exists, so a rank that dies before the
+unlink (killed while it waits for its peers) leaves a segment whose name the survivors
+know: their next step fails, and they unlink every rank's name. Where no rank survives,
+the name carries its creator's pid namespace and pid
+(``iris-<namespace>-<pid>-<128 random bits in hex>``), and the next heap made on the
+machine by the same user removes segments whose creating process has exited
+(:func:`remove_orphans`).
 """
 
 from __future__ import annotations
@@ -25,14 +33,80 @@ except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
 SEGMENT_PREFIX = "iris-"
+_SHM = "/dev/shm"
 
 
 def _shm_free_bytes() -> int | None:
     try:
-        stat = os.statvfs("/dev/shm")
+        stat = os.statvfs(_SHM)
     except OSError:
         return None
     return stat.f_bavail * stat.f_frsize
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``, in hex), or None
+    where it cannot be read (orphan segments are then never removed)."""
+    try:
+        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
+    except OSError:
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` of this pid namespace has exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False  # unreadable: assume it lives
+
+
+def segment_name() -> str:
+    """A new segment name: the prefix, the pid namespace and pid of this process (so an
+    orphan can be told from a live heap) and 128 random bits."""
+    namespace = _pid_namespace()
+    owner = f"{namespace}-{os.getpid()}-" if namespace is not None else ""
+    return f"/{SEGMENT_PREFIX}{owner}{secrets.token_hex(16)}"
+
+
+def remove_orphans() -> list[str]:
+    """Unlink the segments of this backend that a process of this pid namespace and user
+    created and then exited without unlinking (killed before its peers learnt the name).
+    Returns the names removed."""
+    namespace = _pid_namespace()
+    if namespace is None or _posixshmem is None:
+        return []
+    prefix = f"{SEGMENT_PREFIX}{namespace}-"
+    try:
+        names = [n for n in os.listdir(_SHM) if n.startswith(prefix)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or not _exited(int(pid)):
+            continue
+        try:
+            if os.stat(os.path.join(_SHM, name)).st_uid != os.getuid():
+                continue
+            _posixshmem.shm_unlink("/" + name)
+        except OSError:  # gone already, or not ours
+            continue
+        removed.append(name)
+    return removed
+
+
+def _unlink_all(names: list[str]) -> None:
+    """Unlink every name of ``names`` that still exists (after a failed heap creation: the
+    peers' too, since a dead peer cannot)."""
+    for name in names:
+        try:
+            _posixshmem.shm_unlink(name)
+        except OSError:
+            pass
 
 
 def _check_triton_is_interpreted() -> None:
@@ -86,15 +160,12 @@ class CpuBackend(Backend):
                 f"heap_size={heap_size} bytes x {comm.world_size} ranks = {need} bytes does not fit in "
                 f"/dev/shm ({free} bytes free); pass a smaller heap_size to iris.mem.init()"
             )
-        name = f"/{SEGMENT_PREFIX}{secrets.token_hex(16)}"
-        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
-        self._name = name
-        try:
-            os.ftruncate(fd, heap_size)
-            local = mmap.mmap(fd, heap_size)
-        finally:
-            os.close(fd)
+        remove_orphans()  # of earlier jobs killed while they made their heaps
+        # Names first, segments after: every segment that exists has a name every rank
+        # knows, so a rank that dies at any point leaves nothing the others cannot unlink.
+        name = segment_name()
         names = comm.all_gather_object(name)
+        local = self._create(name, heap_size, comm, names)
         maps: list[mmap.mmap] = []
         try:
             for rank, peer_name in enumerate(names):
@@ -114,14 +185,41 @@ class CpuBackend(Backend):
         finally:
             # Every peer has mapped (or failed to map) our segment once all pass this
             # barrier; the name is no longer needed.
-            comm.barrier()
-            self._unlink()
+            try:
+                comm.barrier()
+            except BaseException:
+                _unlink_all(names)  # a peer died: its segment too
+                raise
+            finally:
+                self._unlink()
         self._maps = maps
         # numpy holds a buffer export of each mmap and torch holds the array, so a mapping
         # cannot be unmapped while any tensor still views it (mmap.close() then refuses).
         self._tensors = [torch.from_numpy(np.frombuffer(m, dtype=np.uint8)) for m in maps]
         bases = [t.data_ptr() for t in self._tensors]
         return self._tensors[comm.rank], bases
+
+    def _create(self, name: str, heap_size: int, comm: Communicator, names: list[str]) -> mmap.mmap:
+        """Create and map this rank's segment ``name``, then wait until every rank has made
+        its own (a barrier); where that fails (a peer died), unlink every rank's name."""
+        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        self._name = name
+        try:
+            os.ftruncate(fd, heap_size)
+            local = mmap.mmap(fd, heap_size)
+        except BaseException:
+            self._unlink()
+            raise
+        finally:
+            os.close(fd)
+        try:
+            comm.barrier()
+        except BaseException:
+            local.close()
+            self._unlink()
+            _unlink_all(names)
+            raise
+        return local
 
     def _unlink(self) -> None:
         if self._name is not None:
