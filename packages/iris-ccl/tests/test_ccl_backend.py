@@ -405,6 +405,14 @@ def _tensor_parallel_body(rank: int, world: int) -> dict:
     )
     reached("reduce_scatter", before, "funcol reduce_scatter_tensor")
 
+    before = Counter(counts)
+    rows = _data((world * 2, 3), torch.float32, rank, 3)
+    exchanged = funcol.wait_tensor(funcol.all_to_all_single(rows, None, None, g))
+    want = torch.empty_like(_cpu(rows))
+    dist.all_to_all_single(want, _cpu(rows))
+    bad += filter(None, [_differs(exchanged, want, "funcol all_to_all_single")])
+    reached("all_to_all", before, "funcol all_to_all_single")
+
     # torch.compile of a function calling a functional collective (no graph break)
     @torch.compile(backend="aot_eager", fullgraph=True)
     def step(t):
@@ -436,13 +444,32 @@ def _tensor_parallel_body(rank: int, world: int) -> dict:
             bad += filter(
                 None, [_differs(p.grad.full_tensor(), q.grad, f"tensor-parallel MLP grad of layer {i}")]
             )
+
+    # DDP on the iris group: rank 0's parameters broadcast, gradients averaged
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(rank)  # different on every rank: DDP must broadcast rank 0's
+    local = torch.nn.Linear(6, 5).to(dev)
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(6, 5).to(dev)
+    before = Counter(counts)
+    ddp = DistributedDataParallel(local, process_group=g)
+    batch = _data((4, 6), torch.float32, rank, 4)
+    ddp(batch).square().sum().backward()
+    plain(batch).square().sum().backward()
+    for p, q in ((local.weight, plain.weight), (local.bias, plain.bias)):
+        bad += filter(None, [_differs(p.detach(), q.detach(), "DDP: the parameters broadcast from rank 0")])
+        bad += filter(None, [_differs(p.grad, _gloo_reduced(q.grad, "AVG"), "DDP: the averaged gradient")])
+    reached("broadcast", before, "DDP's parameter broadcast")
+    reached("all_reduce", before, "DDP's gradient all_reduce")
     return {"bad": bad, "calls": dict(counts)}
 
 
 def test_functional_collectives_and_tensor_parallel():
-    """funcol all_reduce / all_gather_tensor / reduce_scatter_tensor (eager, and compiled
-    with fullgraph=True), and a ColwiseParallel/RowwiseParallel MLP on a mesh of an iris group
-    matching the unsharded model, all through iris.ccl."""
+    """funcol all_reduce / all_gather_tensor / reduce_scatter_tensor / all_to_all_single
+    (eager, and compiled with fullgraph=True), a ColwiseParallel/RowwiseParallel MLP on a mesh
+    of an iris group matching the unsharded model, and DDP on the group, all through
+    iris.ccl."""
     results = _run(_tensor_parallel_body)
     problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
     assert not problems, "\n".join(problems)
@@ -484,6 +511,10 @@ def _errors_body(rank: int, world: int) -> dict:
     _expect_error(
         bad, "BAND", ValueError, ("dist.reduce", "ReduceOp.BAND", "gloo or nccl group"),
         lambda: dist.reduce(x.int(), 0, op=dist.ReduceOp.BAND, group=g),
+    )  # fmt: skip
+    _expect_error(
+        bad, "PREMUL_SUM", ValueError, ("ReduceOp.PREMUL_SUM", "scale the tensor first"),
+        lambda: dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0), group=g),
     )  # fmt: skip
     for dtype in (torch.int32, torch.int8):
         _expect_error(
@@ -566,6 +597,22 @@ def _groups_body(rank: int, world: int, folder: str) -> dict:
         dist.all_reduce(c, group=g2, op=dist.ReduceOp.MAX)
         if a.tolist() != [float(sum(range(world)) + world * i)] * 5 or c.tolist() != [10.0 * (world - 1)] * 5:
             bad.append(f"crossed groups, round {i}: {a.tolist()} {c.tolist()}")
+
+    # calls of a coalescing block run one by one (torch's fast path for all_reduce)
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    before = Counter(counts)
+    p, q = torch.ones(3, device=dev), torch.full((4,), 2.0, device=dev)
+    with _coalescing_manager(g1, dev, async_ops=True) as cm:
+        dist.all_reduce(p, group=g1)
+        dist.all_reduce(q, group=g1)
+    cm.wait()
+    if (
+        p.tolist() != [float(world)] * 3
+        or q.tolist() != [2.0 * world] * 4
+        or (counts - before)["all_reduce"] != 2
+    ):
+        bad.append(f"coalesced all_reduces: {p.tolist()} {q.tolist()}, iris.ccl calls {counts - before}")
 
     # iris as the default group's backend
     if dev.type == "cpu":

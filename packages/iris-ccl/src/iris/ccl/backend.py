@@ -176,8 +176,11 @@ class IrisProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._iris_rank = rank
         self._iris_size = size
-        self.global_ranks = list(global_ranks)
-        self.host_group = host_group
+        #: The group's global ranks, in group-rank order.
+        self.global_ranks: list[int] = list(global_ranks)
+        #: The gloo group over the same ranks (a regular torch.distributed group): iris.ccl's
+        #: host-side work for this group, and the calls whose tensors are not on Iris's device.
+        self.host_group: dist.ProcessGroup = host_group
         self._routes: dict[str, str] | None = None
 
     # ---- identity ------------------------------------------------------------------------
