@@ -516,6 +516,10 @@ def _errors_body(rank: int, world: int) -> dict:
         bad, "PREMUL_SUM", ValueError, ("ReduceOp.PREMUL_SUM", "scale the tensor first"),
         lambda: dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0), group=g),
     )  # fmt: skip
+    _expect_error(
+        bad, "float8 reduction", TypeError, ("float8_e4m3fn", "upcast"),
+        lambda: dist.all_reduce(x.to(torch.float8_e4m3fn), group=g),
+    )  # fmt: skip
     for dtype in (torch.int32, torch.int8):
         _expect_error(
             bad, f"AVG {dtype}", ValueError, ("AVG", "floating-point", "SUM"),

@@ -53,6 +53,11 @@ def _ccl():
 def _wire(t: torch.Tensor) -> torch.Tensor:
     """``t`` when iris.ccl moves its dtype, else a view of it (same shape and strides) in
     the carrier dtype of its item size."""
+    if t.layout != torch.strided:
+        raise NotImplementedError(
+            f"the iris backend moves dense tensors only, got a tensor of layout {t.layout}; use a gloo "
+            "group for sparse tensors"
+        )
     if t.dtype in _REDUCED or t.dtype in _FP8:
         return t
     carrier = _CARRIER.get(t.dtype.itemsize)
@@ -84,8 +89,14 @@ def _op_name(op: Any, collective: str) -> str:
 
 def _check_reduction(t: torch.Tensor, op: str, collective: str) -> None:
     """Raise, before anything is sent, for a reduction the backend cannot make of a dtype
-    iris.ccl does not reduce itself (AVG of integers or bools, dtypes it cannot move)."""
+    iris.ccl does not reduce itself (float8, AVG of integers or bools, dtypes it cannot
+    move)."""
     _wire(t)
+    if t.dtype in _FP8:
+        raise TypeError(
+            f"dist.{collective} of {t.dtype}: float8 tensors are moved, not reduced (as with NCCL); "
+            "upcast to bfloat16 or float16 to reduce them"
+        )
     if op == "AVG" and not t.dtype.is_floating_point:
         raise ValueError(
             f"dist.{collective}: ReduceOp.AVG needs a floating-point dtype, got {t.dtype}; use SUM and divide"
@@ -128,6 +139,8 @@ class _IrisWork(dist.Work):
         self._blocking = blocking
         self._event = None
         cuda = device.type == "cuda"
+        if cuda and device.index is None:
+            device = self._device = torch.device("cuda", torch.cuda.current_device())
         if cuda:
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(device))
@@ -231,7 +244,7 @@ class IrisProcessGroup(dist.ProcessGroup):
     def _all_reduce(self, t: torch.Tensor, op: str) -> None:
         ccl = _ccl()
         if t.dtype in _REDUCED:
-            ccl.all_reduce(t, t, op=op, group=self.host_group)
+            ccl.all_reduce(_wire(t), t, op=op, group=self.host_group)
             return
         _check_reduction(t, op, "all_reduce")
         size, n = self._iris_size, t.numel()
@@ -253,7 +266,7 @@ class IrisProcessGroup(dist.ProcessGroup):
     def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
         ccl = _ccl()
         if inp.dtype in _REDUCED:
-            ccl.reduce_scatter(out, inp, op=op, group=self.host_group)
+            ccl.reduce_scatter(_wire(out), _wire(inp), op=op, group=self.host_group)
             return
         _check_reduction(inp, op, "reduce_scatter")
         size, m = self._iris_size, out.numel()
@@ -430,7 +443,7 @@ class IrisProcessGroup(dist.ProcessGroup):
         root = self._global(opts.rootRank, "dist.reduce")
         ccl = _ccl()
         if t.dtype in _REDUCED:
-            ccl.reduce(t, t, root, op=op, group=self.host_group)
+            ccl.reduce(_wire(t), t, root, op=op, group=self.host_group)
         else:
             _check_reduction(t, op, "reduce")
             is_root = dist.get_rank() == root
