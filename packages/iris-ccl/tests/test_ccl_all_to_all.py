@@ -26,13 +26,18 @@ def _cfg(variant: str, **kw):
     return ccl.Config(variant=variant, **kw)
 
 
-def reference(x: torch.Tensor, out_shape, group=None) -> torch.Tensor:
-    """``all_to_all_single`` of ``x`` flattened over ``group`` with equal splits (gloo on
-    CPU), shaped like the output, on ``x``'s device. Collective: every member calls it."""
-    t = x.detach().cpu().contiguous().reshape(-1)
-    want = torch.empty_like(t)
-    dist.all_to_all_single(want, t, group=group)
-    return want.reshape(out_shape).to(x.device)
+def reference(x: torch.Tensor, out_shape, group=None, splits=None) -> torch.Tensor:
+    """gloo's ``all_to_all_single`` over ``group`` of a CPU copy of ``x``, shaped like the
+    output, on ``x``'s device: flattened, in equal chunks, or with ``splits`` (output and
+    input split sizes, rows of dim 0). float8 goes as bytes (gloo does not take it).
+    Collective: every member calls it."""
+    t = x.detach().cpu().contiguous()
+    t = t if splits else t.reshape(-1)
+    want = torch.empty(out_shape if splits else t.shape, dtype=t.dtype)
+    if t.dtype.itemsize == 1 and t.dtype.is_floating_point:
+        t, want = (v.reshape(v.shape[0], -1).view(torch.uint8) for v in (t, want))
+    dist.all_to_all_single(want, t, *(splits or ()), group=group)
+    return want.view(x.dtype).reshape(out_shape).to(x.device)
 
 
 def _run(world_size: int, fn, *args, env=None):
@@ -47,9 +52,9 @@ def _assert_clean(results, min_cases: int = 0) -> None:
         assert res["cases"] >= min_cases, f"rank {r} checked only {res['cases']} cases (< {min_cases})"
 
 
-def _check(bad, out, inp, inp0, what, group=None):
-    """Compare ``out`` with the reference of ``inp0``; ``inp`` must be unchanged."""
-    if (m := mismatch(out, reference(inp0, out.shape, group), what)) is not None:
+def _check(bad, out, inp, inp0, what, group=None, splits=None):
+    """Compare ``out`` with the reference of ``inp0``; ``inp`` (None: aliased) must be unchanged."""
+    if (m := mismatch(out, reference(inp0, tuple(out.shape), group, splits), what)) is not None:
         bad.append(m)
     if inp is not None and not torch.equal(inp, inp0):
         bad.append(f"{what}: the input was modified")
@@ -360,6 +365,20 @@ def bad_input_body(rank, world_size):
          ["ring", "push", "pull"]),
         ("group not a group", lambda: a2a(out, f32, group="world"), TypeError, ["group"]),
     ]  # fmt: skip
+    bad, seen = expect_errors(cases)
+    # No rank was left inside a collective: the next valid call works on every rank.
+    for variant in VARIANTS:
+        x = make_input((g * 10,), torch.float32, rank, 3)
+        out = torch.empty(g * 10, device=dev)
+        ccl.all_to_all(out, x, config=_cfg(variant))
+        _check(bad, out, x, x.clone(), f"valid call after bad input, {variant}")
+    return {"bad": bad, "cases": len(seen), "seen": seen}
+
+
+def expect_errors(cases) -> tuple[list[str], list[tuple]]:
+    """Run each ``(name, call, exception types, needles)`` case: it must raise one of the
+    types with every needle in its message. Returns the problems and ``(name, exception type
+    name, message)`` of every case (None, None where nothing was raised)."""
     bad: list[str] = []
     seen = []
     for name, call, types, needles in cases:
@@ -374,13 +393,7 @@ def bad_input_body(rank, world_size):
         else:
             seen.append((name, None, None))
             bad.append(f"{name}: no exception")
-    # No rank was left inside a collective: the next valid call works on every rank.
-    for variant in VARIANTS:
-        x = make_input((g * 10,), torch.float32, rank, 3)
-        out = torch.empty(g * 10, device=dev)
-        ccl.all_to_all(out, x, config=_cfg(variant))
-        _check(bad, out, x, x.clone(), f"valid call after bad input, {variant}")
-    return {"bad": bad, "cases": len(seen), "seen": seen}
+    return bad, seen
 
 
 def test_all_to_all_bad_input():

@@ -15,9 +15,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import device, dtype_name, make_input, mismatch, require_world, setup_rank
-
-from iris.mem.testing import run_world
+from ccl_testutils import device, dtype_name, make_input, mismatch, setup_rank
+from test_ccl_all_to_all import _assert_clean, _run, expect_errors
+from test_ccl_all_to_all import _check as _check_equal
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -27,7 +27,11 @@ DTYPES = ("float32", "bfloat16", "float16", "int32")
 PATTERNS = ("random", "skewed", "zeros", "empty", "large")
 #: Trailing shapes of the rows: 1-d tensors and rows not a multiple of any block.
 TRAILING = ((), (37,), (3, 7))
-WORLD_TIMEOUT = 400.0
+
+
+def _check(bad, out, inp, inp0, out_rows, in_rows, what, group=None):
+    """Compare ``out`` with gloo's result for ``inp0`` and the split sizes."""
+    _check_equal(bad, out, inp, inp0, what, group, (out_rows, in_rows))
 
 
 def splits(pattern: str, world: int, seed: int) -> list[list[int]]:
@@ -47,37 +51,6 @@ def splits(pattern: str, world: int, seed: int) -> list[list[int]]:
     elif pattern == "symmetric":  # every rank sends and receives the same number of rows
         m = m + m.t()
     return m.tolist()
-
-
-def reference(x: torch.Tensor, out_shape, out_rows, in_rows, group=None) -> torch.Tensor:
-    """gloo's ``all_to_all_single`` of a CPU copy of ``x`` (float8 as bytes), on ``x``'s device."""
-    t = x.detach().cpu().contiguous()
-    want = torch.empty(out_shape, dtype=t.dtype)
-    if t.dtype.itemsize == 1 and t.dtype.is_floating_point:
-        t, want = (v.reshape(v.shape[0], -1).view(torch.uint8) for v in (t, want))
-    dist.all_to_all_single(want, t, out_rows, in_rows, group=group)
-    return want.view(x.dtype).reshape(out_shape).to(x.device)
-
-
-def _run(world_size: int, fn, *args, env=None):
-    require_world(world_size)
-    return run_world(fn, world_size, *args, timeout=WORLD_TIMEOUT, env=env)
-
-
-def _assert_clean(results, min_cases: int = 0) -> None:
-    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
-    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
-    for r, res in enumerate(results):
-        assert res["cases"] >= min_cases, f"rank {r} checked only {res['cases']} cases (< {min_cases})"
-
-
-def _check(bad, out, inp, inp0, out_rows, in_rows, what, group=None):
-    """Compare ``out`` with the reference of ``inp0``; ``inp`` (None: aliased) must be unchanged."""
-    want = reference(inp0, tuple(out.shape), out_rows, in_rows, group)
-    if (m := mismatch(out, want, what)) is not None:
-        bad.append(m)
-    if inp is not None and not torch.equal(inp, inp0):
-        bad.append(f"{what}: the input was modified")
 
 
 def _cfg(variant: str, **kw):
@@ -325,20 +298,7 @@ def bad_input_body(rank, world_size):
         ("variant of another collective", lambda: a2a(out, x, ok, ok, config=_cfg("ring")), ValueError,
          ["ring", "push"]),
     ]  # fmt: skip
-    bad: list[str] = []
-    seen = []
-    for name, call, types, needles in cases:
-        try:
-            call()
-        except Exception as e:  # noqa: BLE001 - every outcome is checked below
-            seen.append((name, type(e).__name__))
-            if not isinstance(e, types):
-                bad.append(f"{name}: raised {type(e).__name__}: {e}")
-            elif missing := [s for s in needles if s not in str(e)]:
-                bad.append(f"{name}: {type(e).__name__} message lacks {missing}: {e}")
-        else:
-            seen.append((name, None))
-            bad.append(f"{name}: no exception")
+    bad, seen = expect_errors(cases)
     one_case(bad, rank, g, "auto", "float32", "random", (4,), 700)
     bad += _disagreeing_sizes(rank, g)
     return {"bad": bad, "cases": len(seen), "seen": seen}
@@ -366,7 +326,8 @@ def _disagreeing_sizes(rank: int, g: int) -> list[str]:
 def test_uneven_bad_split_sizes():
     results = _run(3, bad_input_body)
     for r in range(1, len(results)):
-        assert results[r]["seen"] == results[0]["seen"], f"rank {r} saw other errors than rank 0"
+        mine, first = ([s[:2] for s in res["seen"]] for res in (results[r], results[0]))
+        assert mine == first, f"rank {r} saw other errors than rank 0"
     _assert_clean(results, min_cases=13)
 
 
@@ -442,7 +403,7 @@ def graph_body(rank, world_size, use_heap: bool):
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     bad: list[str] = []
-    names: list[str] = []
+    cases = 0
     heap = iris.mem.init(1 << 30) if use_heap else None
     try:
         for v, variant in enumerate(VARIANTS):
@@ -457,7 +418,7 @@ def graph_body(rank, world_size, use_heap: bool):
                     x = torch.zeros(shape_in, dtype=torch.bfloat16, device=dev)
                     out = torch.zeros(shape_out, dtype=torch.bfloat16, device=dev)
                 what = f"{variant} {pattern} {'heap' if use_heap else 'plain'} world={world_size}"
-                names.append(what)
+                cases += 1
 
                 def call(out=out, x=x, variant=variant, out_rows=out_rows, in_rows=in_rows):
                     ccl.all_to_all(out, x, out_rows, in_rows, config=ccl.Config(variant=variant))
@@ -487,7 +448,7 @@ def graph_body(rank, world_size, use_heap: bool):
         if heap is not None:
             torch.cuda.synchronize()
             heap.close()
-    return {"bad": bad, "cases": len(names)}
+    return {"bad": bad, "cases": cases}
 
 
 @pytest.mark.skipif(BACKEND != "cuda", reason="GPU-only test: run with IRIS_BACKEND=cuda")

@@ -57,20 +57,19 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import constexpr_function
 
 import iris.mem
 from iris.mem import runtime
 from iris.mem.triton import Context
 from iris.mem.triton.group import enter_group
-from iris.mem.utils import global_timer
 
 from . import _boxed, _comm, _host
-from ._ll import _FLAG_PERIOD, _LAUNCH_UNIT, _received, _to_words
+from ._ll import _FLAG_PERIOD, _LAUNCH_UNIT
 from ._ll import _HEADER as _LL_HEADER
 from .config import Config, auto_variant
 from .settings import table_path
-from .triton.sync import advance_launch_counter, enter_launch, record_timeout
+from .triton import ll
+from .triton.sync import advance_launch_counter, enter_launch
 from .work import Work
 
 #: 8-byte words at the start of each ``ll`` box that hold the header (16: 128-byte aligned tiles).
@@ -97,11 +96,6 @@ MODES = {
     # copies need every destination address on the host, which is another rank's split sizes
     "copy_engine": ("none", "push"),
 }
-
-
-@constexpr_function
-def _pow2(n):
-    return triton.next_power_of_2(int(n))
 
 
 @triton.jit
@@ -156,29 +150,6 @@ def _copy(src, dst, n, t, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _headers(bank, box_stride, flag, ctx, group, GROUP: tl.constexpr, ME: tl.constexpr):
-    """The header words every peer stored in its box of ``bank`` (this rank's memory),
-    polled until each carries ``flag`` (at most the group's wait budget; then the timeout
-    is recorded for the host). Returns ``(lane, payloads, live)``: lane ``8 i + w`` is word
-    ``w`` of member ``i``'s header, ``live`` the lanes of peers."""
-    lane = tl.arange(0, _WORDS * _pow2(GROUP))
-    peer = lane // _WORDS
-    live = (peer < GROUP) & (peer != ME)
-    ptrs = bank + peer.to(tl.int64) * box_stride + lane % _WORDS
-    fresh = flag.to(tl.int64) << 32
-    words = tl.load(ptrs, mask=live, other=fresh, volatile=True)
-    start = global_timer()
-    late = ((words >> 32) != flag) & live
-    while (tl.sum(late.to(tl.int32)) > 0) & (global_timer() - start < group.budget):
-        words = tl.load(ptrs, mask=live, other=fresh, volatile=True)
-        late = ((words >> 32) != flag) & live
-    if tl.sum(late.to(tl.int32)) > 0:
-        first = tl.min(tl.where(late, peer, GROUP))
-        record_timeout(group.status, ctx.rank, group.rank(first), bank + first * box_stride)
-    return lane, words & 0xFFFFFFFF, live
-
-
-@triton.jit
 def _uneven_kernel(
     context, members, flags, epochs, status, budget, user_context, src, dst, table, boxes, launches,
     slots, counter, row, ll_limit, box_stride, stride,
@@ -223,8 +194,8 @@ def _uneven_kernel(
         far = (dst if PUSH else src).to(tl.int64, bitcast=True) - tl.load(user.heap_bases + RANK)
     else:
         far = tl.zeros([], tl.int64)
+    w = tl.arange(0, _WORDS)
     if pid == 0:  # headers: where the peer's data goes here (pull: where its data starts here)
-        w = tl.arange(0, _WORDS)
         for k in tl.static_range(1, GROUP):
             j = (ME + k) % GROUP
             at = tl.load(table + (2 if PUSH else 0) * GROUP + j)
@@ -241,17 +212,19 @@ def _uneven_kernel(
         while t < tl.where(n <= ll_limit, tl.cdiv(n, TILE), 0):
             offs = t * TILE + tl.arange(0, TILE)
             x = tl.load(src + first + offs, mask=offs < n)
-            line = (_to_words(x).to(tl.int64) & 0xFFFFFFFF) | (flag.to(tl.int64) << 32)
             words = _HDR + t * LL_BLOCK + tl.arange(0, LL_BLOCK)
-            ctx.store(bank + ME * box_stride + words, line, group.rank(j), hint=16)
+            ctx.store(bank + ME * box_stride + words, ll.pack(x, flag), group.rank(j), hint=16)
             t += programs
     n = tl.load(table + GROUP + ME) * row  # this rank's own rows
     t = pid
     while t < tl.cdiv(n, BLOCK):
         _copy(src + tl.load(table + ME) * row, dst + tl.load(table + 2 * GROUP + ME) * row, n, t, BLOCK)
         t += programs
-    lane, payload, live = _headers(bank, box_stride, flag, ctx, group, GROUP, ME)
-    rounds = tl.maximum(need, tl.max(tl.where(live & (lane % _WORDS == 1), payload, 0)))
+    rounds = need  # the most any member needs: the same on every rank
+    for k in tl.static_range(1, GROUP):  # every peer's header (it has entered this launch)
+        i = (ME + GROUP - k) % GROUP
+        header = ll.receive(ctx, group, bank + i * box_stride, w, w < _WORDS, flag, i) & 0xFFFFFFFF
+        rounds = tl.maximum(rounds, tl.sum(tl.where(w == 1, header, 0)))
     for k in tl.static_range(1, GROUP):  # small pairs received
         i = (ME + GROUP - k) % GROUP
         m = tl.load(table + 3 * GROUP + i) * row
@@ -259,20 +232,21 @@ def _uneven_kernel(
         t = pid
         while t < tl.where(m <= ll_limit, tl.cdiv(m, TILE), 0):
             box = bank + i * box_stride + _HDR + t * LL_BLOCK
+            lines = ll.receive(ctx, group, box, tl.arange(0, LL_BLOCK), tl.arange(0, LL_BLOCK) >= 0, flag, i)
             offs = t * TILE + tl.arange(0, TILE)
-            tl.store(dst + at + offs, _received(box, flag, ctx, group, i, LL_BLOCK, ELEM), mask=offs < m)
+            tl.store(dst + at + offs, ll.unpack(lines, ELEM), mask=offs < m)
             t += programs
     if rounds > 0:
         if DIRECT:  # bulk pairs straight into the peer's output (push) or out of its input (pull)
             for k in tl.static_range(1, GROUP):
                 j = (ME + k) % GROUP
+                header = tl.load(bank + j * box_stride + w, volatile=True) & 0xFFFFFFFF  # arrived
                 # the peer's offset, in this rank's coordinates of the tensor (heap offsets may differ)
-                peer_far = tl.sum(tl.where(lane == _WORDS * j + 2, payload, 0))
-                peer_far |= tl.sum(tl.where(lane == _WORDS * j + 3, payload, 0)) << 32
-                there = tl.sum(tl.where(lane == _WORDS * j, payload, 0)) * row
+                peer_far = tl.sum(tl.where(w == 2, header, 0)) | (tl.sum(tl.where(w == 3, header, 0)) << 32)
+                there = tl.sum(tl.where(w == 0, header, 0)) * row
                 there += (peer_far - far) // (ELEM.primitive_bitwidth // 8)
                 n = tl.load(table + (1 if PUSH else 3) * GROUP + j) * row
-                agreed = tl.sum(tl.where(lane == _WORDS * j + 4, payload, 0)) * row
+                agreed = tl.sum(tl.where(w == 4, header, 0)) * row
                 n = tl.where(n > ll_limit, tl.minimum(n, agreed), 0)
                 here = tl.load(table + (0 if PUSH else 2) * GROUP + j) * row
                 s = here if PUSH else there
