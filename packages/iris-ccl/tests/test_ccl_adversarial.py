@@ -5,6 +5,7 @@ rank, never wrong data, a hang or a leak (conftest.py checks /dev/shm around eve
 import gc
 import os
 import threading
+import time
 import weakref
 
 import pytest
@@ -245,3 +246,101 @@ def test_threads_on_groups_with_the_same_members():
     order wait for each other and give up (DeviceWaitTimeout); no call gives wrong data."""
     for rank, outcome in enumerate(run_world(crossed_threads_body, 2, env=SHORT_WAIT, timeout=240)):
         assert sorted(outcome) == [0, 1] and set(outcome.values()) <= {"ok", "timeout"}, (rank, outcome)
+
+
+# --------------------------------------------------------------------------- tensor kinds
+def _kind_call(heap, rank: int, odd: bool) -> torch.Tensor:
+    """all_reduce of ones: a heap tensor where ``odd``, a plain tensor elsewhere (every rank
+    allocates the heap tensor: allocation stays symmetric; two_shot: a variant that runs in
+    place where it can)."""
+    on_heap = heap.ones(500)
+    x = on_heap if odd else torch.ones(500)
+    iris.ccl.all_reduce(x, x, config=iris.ccl.Config(variant="two_shot"))
+    return x
+
+
+def kinds_body(rank, world_size, warm):
+    """Rank 0 passes a heap tensor, the others plain tensors. ``warm``: every rank has run
+    both kinds before (so both communicators exist)."""
+    outcome = []
+    with iris.mem.init(1 << 22) as heap:
+        if warm:
+            for odd in (True, False):
+                _kind_call(heap, rank, odd)
+        started = time.monotonic()
+        try:
+            _kind_call(heap, rank, rank == 0)
+        except (ValueError, iris.mem.DeviceWaitTimeout) as e:
+            outcome.append((type(e).__name__, str(e), time.monotonic() - started))
+        else:
+            outcome.append(None)
+        if not outcome[0] or outcome[0][0] != "DeviceWaitTimeout":  # still in step: both kinds work
+            for odd in (True, False):
+                outcome.append(float(_kind_call(heap, rank, odd)[0]))
+    return outcome
+
+
+KIND_WORDS = "ranks [0] passed tensors on a symmetric heap spanning the group"
+
+
+def test_heap_tensor_on_one_rank_plain_on_the_others():
+    """The first call of a kind over a group agrees on the kind (a host exchange that making
+    the group's state needs anyway): every rank raises the same clear error at once, instead
+    of hanging in mismatched host collectives; matching calls work afterwards."""
+    for rank, outcome in enumerate(run_world(kinds_body, 3, False, env=SHORT_WAIT, timeout=120)):
+        assert outcome[0] is not None, f"rank {rank}: no error"
+        kind, message, seconds = outcome[0]
+        assert kind == "ValueError" and KIND_WORDS in message, (rank, message)
+        assert "ranks [1, 2]" in message and seconds < 30, (rank, message, seconds)
+        assert outcome[1:] == [3.0, 3.0], (rank, outcome)
+
+
+def test_heap_tensor_on_one_rank_plain_on_the_others_debug():
+    """Debug mode compares the kind at every call, like the other arguments: the same clear
+    error on every rank even when both kinds ran before."""
+    for warm in (False, True):
+        env = {"IRIS_DEBUG": "1", **SHORT_WAIT}
+        for rank, outcome in enumerate(run_world(kinds_body, 3, warm, env=env, timeout=180)):
+            assert outcome[0] is not None, f"rank {rank}: no error"
+            kind, message, _ = outcome[0]
+            assert kind == "ValueError" and "ranks [0] called it with arguments that differ" in message, (
+                message
+            )
+            assert "tensors: rank 0 'heap', rank 1 'staged'" in message, message
+            assert outcome[1:] == [3.0, 3.0], (rank, outcome)
+
+
+def test_heap_tensor_on_one_rank_plain_on_the_others_warm():
+    """Both communicators made earlier: the two kinds wait on different flags, and every rank
+    gives up after IRIS_WAIT_TIMEOUT naming the kind of tensors as a cause."""
+    for rank, outcome in enumerate(run_world(kinds_body, 3, True, env=SHORT_WAIT, timeout=180)):
+        assert outcome[0] is not None, f"rank {rank}: no error"
+        kind, message, _ = outcome[0]
+        assert kind == "DeviceWaitTimeout" and "tensors of the same kind" in message, (rank, message)
+
+
+def crossed_checks_body(rank, world_size):
+    """Debug mode, ranks at different checks: rank 0 allocates (the allocation check), the
+    others call a collective (the argument check); both are host exchanges over the world."""
+    with iris.mem.init(1 << 22) as heap:
+        try:
+            if rank == 0:
+                heap.zeros(10)
+            else:
+                x = torch.ones(10)
+                iris.ccl.all_reduce(x, x)
+        except (ValueError, iris.mem.HeapMismatchError) as e:
+            return type(e).__name__, str(e)
+    return None
+
+
+def test_debug_checks_of_ranks_at_different_calls():
+    """Each check says that the ranks are at different calls (they failed with TypeError,
+    AttributeError or garbage values)."""
+    results = run_world(crossed_checks_body, 3, env={"IRIS_DEBUG": "1"}, timeout=120)
+    for rank, outcome in enumerate(results):
+        assert outcome is not None, f"rank {rank}: no error"
+        kind, message = outcome
+        assert kind == ("HeapMismatchError" if rank == 0 else "ValueError"), (rank, outcome)
+        assert "ranks are at different calls" in message, (rank, message)
+        assert "rank 0: heap allocation" in message and "rank 1: iris.ccl collective" in message, message

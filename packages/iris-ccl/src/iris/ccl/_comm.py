@@ -18,7 +18,7 @@ import torch.distributed as dist
 import iris.mem
 from iris.mem import SymmetricHeap
 from iris.mem.log import get_logger
-from iris.mem.runtime import MAX_SLOTS, SyncState, group_ranks
+from iris.mem.runtime import MAX_SLOTS, SyncState, exchange, group_ranks
 
 from .settings import p2p_bytes, staging_bytes
 
@@ -50,7 +50,8 @@ class Communicator:
         self.index = self.members.index(heap.rank)
         self.sync = SyncState(
             heap, self.members, MAX_SLOTS, "a collective",
-            "every rank of the group must call the same collectives in the same order with the same sizes",
+            "every rank of the group must call the same collectives in the same order with the same sizes "
+            "and tensors of the same kind (all on a symmetric heap spanning the group, or none)",
         )  # fmt: skip
         self.capabilities = heap.capabilities
         self._side_streams: list | None = None
@@ -149,40 +150,93 @@ def _every_communicator() -> list[Communicator]:
     return [comm for table in list(_BY_GROUP.values()) for comm in list(table.values())]
 
 
-def in_place(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Communicator | None:
-    """The communicator of the heap holding every tensor, when that heap spans exactly
-    ``group`` and the tensors are contiguous; else None (the collective must stage).
-
-    Every rank must pass tensors of the same kind (all on such a heap, or not), so that all
-    ranks make the same choice.
-    """
-    ranks = group_ranks(group)
+def spanning_heap(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> SymmetricHeap | None:
+    """The open heap holding every tensor of ``tensors``, when that heap spans exactly
+    ``group`` and every tensor is contiguous on it; else None."""
     heap = iris.mem.heap_of(tensors[0]) if tensors else None
-    if heap is None or heap.global_ranks != ranks:
+    if heap is None or heap.global_ranks != group_ranks(group):
         return None
     if not all(t.is_contiguous() and heap.is_symmetric(t) for t in tensors):
+        return None
+    return heap
+
+
+def in_place(
+    tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, collective: str = "a collective"
+) -> Communicator | None:
+    """The communicator of :func:`spanning_heap` (the tensors are used in place), or None
+    (the collective must stage).
+
+    Every rank must pass tensors of the same kind (all on such a heap, or not), so that all
+    ranks make the same choice: the first call of each kind over a group checks it (see
+    :func:`_agree`); later ones would wait on different flags until ``IRIS_WAIT_TIMEOUT``.
+    """
+    heap = spanning_heap(tensors, group)
+    if heap is None:
         return None
     table = _communicators(group)
     comm = table.get(heap)
     if comm is None:
-        comm = table[heap] = Communicator(heap, ranks, owns_heap=False)
+        _agree(group, collective, f"in place on a heap of {heap.heap_size} bytes")
+        comm = table[heap] = Communicator(heap, group_ranks(group), owns_heap=False)
         # closing the heap drops the communicator (its flags hold the heap's memory)
         heap.on_close(functools.partial(table.pop, heap, None))
     return comm
 
 
-def own(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
+def own(
+    group: dist.ProcessGroup | None, device: torch.device, collective: str = "a collective"
+) -> Communicator:
     """The communicator on iris.ccl's own heap for ``group`` (made on first use, collectively;
     ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers)."""
-    ranks = group_ranks(group)
+    ranks = group_ranks(group)  # validates group
     table = _communicators(group)
     comm = table.get(None)
     if comm is None or comm.heap.closed:
         caps = iris.mem.capabilities(device)
         size = len(STAGING_NAMES) * staging_bytes(caps) + (8 << 20) + p2p_heap_bytes(len(ranks))
+        _agree(group, collective, STAGED)
         heap = iris.mem.init(size, backend=caps.backend, group=group)
         comm = table[None] = Communicator(heap, ranks, owns_heap=True)
     return comm
+
+
+#: The kind of a call whose tensors are copied through iris.ccl's own heap.
+STAGED = "staged through iris.ccl's own heap"
+
+
+def _agree(group: dist.ProcessGroup | None, collective: str, kind: str) -> None:
+    """Before a communicator is made (host collectives over the group follow): every rank
+    must be making one of the same kind, else the same ``ValueError`` on every rank.
+
+    A rank whose tensors are on a heap spanning the group and a rank whose tensors are not
+    would make different communicators, with different host collectives: they would hang in
+    them until the group's timeout. Making state costs host collectives anyway, so this check
+    costs nothing per call; once both kinds exist for a group, mismatched calls wait on
+    different flags and give up after ``IRIS_WAIT_TIMEOUT`` (debug mode checks every call)."""
+    ranks = group_ranks(group)
+    entries = exchange(group, "iris.ccl communicator", (collective, kind), ValueError, names=ranks)
+    kinds = [k for _, k in entries]
+    if len(set(kinds)) == 1:
+        return
+    groups: dict[str, list[int]] = {}
+    for rank, k in zip(ranks, kinds):
+        groups.setdefault(k, []).append(rank)
+    passed = " and ".join(
+        f"ranks {members} passed "
+        + (
+            "tensors on a symmetric heap spanning the group (" + k + ")"
+            if k != STAGED
+            else f"other tensors ({k})"
+        )
+        for k, members in groups.items()
+    )
+    calls = sorted({c for c, _ in entries})
+    raise ValueError(
+        f"{' / '.join(calls)}: {passed}. Every rank must pass tensors of the same kind: all on a symmetric "
+        "heap spanning the group (heap.zeros, heap.as_symmetric, ...; used in place), or none (copied "
+        "through iris.ccl's own heap)"
+    )
 
 
 def check_errors() -> None:

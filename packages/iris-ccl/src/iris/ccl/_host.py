@@ -8,14 +8,13 @@ from collections import Counter
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import triton
 
 import iris.mem
 from iris.mem import runtime
 from iris.mem.log import get_logger
 
-from . import _comm
+from . import _comm, variants
 from .config import Config, check_config, select
 from .reduce_op import ReduceOp, check_dtype, check_op
 from .settings import pdl_enabled, staging_bytes
@@ -87,8 +86,8 @@ def check_consistent(collective: str, group, **fields: Any) -> None:
         return
     signature = {"collective": collective, **fields}
     ranks = runtime.group_ranks(group)
-    gathered: list[Any] = [None] * len(ranks)
-    dist.all_gather_object(gathered, signature, group=group)
+    # ranks at another check (an allocation's, another group's...) are reported as such
+    gathered = runtime.exchange(group, "iris.ccl collective", signature, ValueError, names=ranks)
     keys = [repr(sorted(sig.items())) for sig in gathered]
     if len(set(keys)) == 1:
         return
@@ -107,7 +106,8 @@ def check_consistent(collective: str, group, **fields: Any) -> None:
         f"{reference['collective']} (IRIS_DEBUG): ranks {odd} called it with arguments that differ "
         f"from ranks {agree} in {', '.join(differing)}: {details}. "
         "Every rank of the group must call the same collectives in the same order with the same "
-        "shapes, dtypes, op, variant and root"
+        "shapes, dtypes, op, variant and root, and tensors of the same kind (all on a symmetric heap "
+        "spanning the group: 'heap', or none: 'staged')"
     )
 
 
@@ -125,7 +125,7 @@ def setup(
     """The communicator to run on, whether the tensors are used in place (else they are
     staged through iris.ccl's own heap), and the resolved config (:func:`resolve`, then
     :func:`place`). ``stage`` forces staging."""
-    cfg = resolve(collective, tensors, group, config, nbytes, op=op, root=root)
+    cfg = resolve(collective, tensors, group, config, nbytes, op=op, root=root, stage=stage)
     comm, in_place = place(collective, tensors, group, cfg, nbytes, stage)
     return comm, in_place, cfg
 
@@ -139,28 +139,49 @@ def resolve(
     *,
     op: ReduceOp | None = None,
     root: int | None = None,
+    stage: bool = False,
 ) -> Config:
     """The config to run ``collective`` on ``nbytes`` with (:func:`iris.ccl.config.select`).
 
     ``tensors`` are the tensors every rank passes; with ``op`` (reductions) and ``root``
     (rooted collectives, a global rank) they make the call's signature, compared across
-    ranks in debug mode (:func:`check_consistent`) before anything collective happens."""
-    check_consistent(
-        collective,
-        group,
-        shapes=[list(t.shape) for t in tensors],
-        dtypes=[str(t.dtype) for t in tensors],
-        op=None if op is None else op.name,
-        variant=config.variant if isinstance(config, Config) else "auto",
-        root=root,
-    )
+    ranks in debug mode (:func:`check_consistent`) before anything collective happens, with
+    where the call will run (:func:`_kind`; ``stage``: staged whatever the tensors). An
+    error of the selection is raised after that comparison, so every rank takes part in it."""
     caps = iris.mem.capabilities(tensors[0].device)
-    cfg = select(collective, nbytes, len(runtime.group_ranks(group)), caps.interpreted, config)
+    cfg = failed = None
+    try:
+        cfg = select(collective, nbytes, len(runtime.group_ranks(group)), caps.interpreted, config)
+    except Exception as e:  # noqa: BLE001 - raised below, after the ranks compared their calls
+        failed = e
+    if iris.mem.debug_enabled():
+        check_consistent(
+            collective,
+            group,
+            shapes=[list(t.shape) for t in tensors],
+            dtypes=[str(t.dtype) for t in tensors],
+            op=None if op is None else op.name,
+            variant=config.variant if isinstance(config, Config) else "auto",
+            root=root,
+            tensors=_kind(collective, tensors, group, cfg, stage),
+        )
+    if failed is not None:
+        raise failed
     if cfg.programs and not (config is not None and config.programs):
         # programs from the tuning table, maybe measured on a GPU with more SMs: never more
         # than this one keeps resident (a program waiting on a twin that is not scheduled hangs)
         cfg = dataclasses.replace(cfg, programs=min(cfg.programs, caps.resident_programs))
     return cfg
+
+
+def _kind(collective: str, tensors: list[torch.Tensor], group, cfg: Config | None, stage: bool) -> str:
+    """Where a call will run, as the debug check compares it: ``"heap"`` (in place, on the
+    heap holding the tensors) or ``"staged"`` (through iris.ccl's own heap: the tensors are
+    not on a heap spanning the group, ``stage``, or the variant always stages)."""
+    variant = variants.get(collective, cfg.variant) if cfg is not None else None
+    if stage or (variant is not None and variant.own_heap(tensors[0].dtype)):
+        return "staged"
+    return "staged" if _comm.spanning_heap(tensors, group) is None else "heap"
 
 
 def place(
@@ -169,10 +190,10 @@ def place(
     """The communicator to run on and whether ``tensors`` are used in place: on the heap
     holding them when it spans ``group`` (see :func:`iris.ccl._comm.in_place`) unless
     ``stage``, else on iris.ccl's own heap for the group."""
-    comm = None if stage else _comm.in_place(tensors, group)
+    comm = None if stage else _comm.in_place(tensors, group, collective)
     in_place = comm is not None
     if comm is None:
-        comm = _comm.own(group, tensors[0].device)
+        comm = _comm.own(group, tensors[0].device, collective)
     if _log.isEnabledFor(logging.DEBUG):
         _log.debug("%s: %d bytes, %s, %s", collective, nbytes, "in place" if in_place else "staged", cfg)
     return comm, in_place

@@ -109,7 +109,7 @@ def run(
     if stage:  # the output would overwrite input still needed
         src = src.clone()
     nbytes = max(inp.numel(), out.numel()) * inp.element_size()
-    cfg = _host.resolve(collective, [out, inp], group, config, nbytes, op=rop)
+    cfg = _host.resolve(collective, [out, inp], group, config, nbytes, op=rop, stage=stage)
     variant = _variant(collective, cfg.variant)
     comm, in_place = _host.place(
         collective, [out, inp], group, cfg, nbytes, stage or variant.own_heap(inp.dtype)

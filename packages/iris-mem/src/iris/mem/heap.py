@@ -28,6 +28,7 @@ from .bootstrap import Communicator, ensure_initialized, resolve_group
 from .errors import HeapMismatchError, UseAfterFreeError
 from .log import get_logger
 from .machine import Capabilities, capabilities, capturing
+from .runtime import exchange
 
 _log = get_logger(__name__)
 
@@ -103,7 +104,9 @@ class SymmetricHeap:
         self.world_size: int = self._comm.world_size
         self.heap_size: int = heap_size
         self.debug: bool = _settings.debug()
-        settings = self._comm.all_gather_object((heap_size, name, self.debug))
+        settings = exchange(
+            self._comm.group, "iris.mem.init", (heap_size, name, self.debug), HeapMismatchError
+        )
         if len(set(settings)) != 1:
             table = ", ".join(
                 f"rank {r}: heap_size={s[0]} backend={s[1]} debug={s[2]}" for r, s in enumerate(settings)
@@ -377,7 +380,7 @@ class SymmetricHeap:
 
     def _check_frees(self, records: list[_Allocation], problem: Exception | None) -> None:
         entry = f"error: {problem}" if problem is not None else [r.describe() for r in records]
-        entries = self._comm.all_gather_object((self._frees, entry))
+        entries = exchange(self._comm.group, "heap free", (self._frees, entry), HeapMismatchError)
         self._frees += 1
         if len({repr(e) for e in entries}) != 1:
             table = "; ".join(
@@ -434,7 +437,7 @@ class SymmetricHeap:
 
     def _check_sequence(self, offset: int, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         entry = (self._allocations, offset, nbytes, tuple(shape), str(dtype))
-        entries = self._comm.all_gather_object(entry)
+        entries = exchange(self._comm.group, "heap allocation", entry, HeapMismatchError)
         if len(set(entries)) != 1:
             table = "; ".join(
                 f"rank {r}: allocation #{e[0]} at offset {e[1]}, {e[2]} bytes, shape {list(e[3])}, {e[4]}"

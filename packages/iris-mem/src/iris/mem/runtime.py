@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from . import settings
-from .errors import DeviceWaitTimeout
+from .errors import DeviceWaitTimeout, IrisError
 from .machine import Capabilities
 
 if TYPE_CHECKING:
@@ -60,6 +60,51 @@ def group_index(group: dist.ProcessGroup | None) -> tuple[list[int], int]:
     """``(global ranks of group, this process's index among them)``."""
     ranks = group_ranks(group)
     return ranks, ranks.index(dist.get_rank())
+
+
+#: Marks the payloads of :func:`exchange`, so a peer in another host collective is told apart.
+_EXCHANGE_TAG = "iris exchange"
+
+
+def exchange(
+    group: dist.ProcessGroup | None,
+    what: str,
+    payload: Any,
+    error: type[Exception] = IrisError,
+    names: Sequence[int] | None = None,
+) -> list[Any]:
+    """Every rank's ``payload`` for the host exchange ``what`` ("heap allocation", "iris.ccl
+    collective", ...) over ``group`` (None: the world), in group-rank order.
+
+    For checks that compare the ranks (debug mode, the making of shared state): a peer that
+    is at another exchange, or at another host collective of the group, is exactly what they
+    look for, so it is reported as such: ``error`` naming what each rank was doing, instead of
+    a comparison of unrelated values. A failure of the exchange itself (a peer exited, or a
+    collective of another kind garbled it) is re-raised as ``error`` with that explanation.
+
+    :param names: how to call the ranks in messages (default: their group ranks).
+    """
+    size = dist.get_world_size(group)
+    names = list(range(size)) if names is None else list(names)
+    gathered: list[Any] = [None] * size
+    try:
+        dist.all_gather_object(gathered, (_EXCHANGE_TAG, what, payload), group=group)
+    except Exception as e:  # noqa: BLE001 - whatever the transport or unpickling raised
+        raise error(
+            f"{what}: exchanging it with the other ranks failed ({type(e).__name__}: {e}); a rank has "
+            "exited, or is in another host collective of the group: every rank must make the same calls "
+            "in the same order"
+        ) from e
+    whats = [
+        g[1] if isinstance(g, tuple) and len(g) == 3 and g[0] == _EXCHANGE_TAG else None for g in gathered
+    ]
+    if any(w != what for w in whats):
+        table = ", ".join(f"rank {n}: {w or 'another host collective'}" for n, w in zip(names, whats))
+        raise error(
+            f"{what}: ranks are at different calls ({table}); every rank must make the same calls in the "
+            "same order"
+        )
+    return [g[2] for g in gathered]
 
 
 def _layout(members: int, slots: int) -> tuple[tuple[int, torch.dtype], ...]:
@@ -216,6 +261,7 @@ __all__ = [
     "STATUS_TIMEOUT",
     "STATUS_WORDS",
     "SyncState",
+    "exchange",
     "group_index",
     "group_ranks",
     "launch",
