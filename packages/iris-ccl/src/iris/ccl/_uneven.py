@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -302,16 +303,19 @@ def _split_rows(sizes, name: str, t: torch.Tensor, tname: str, size: int) -> lis
     if isinstance(sizes, torch.Tensor):
         if sizes.device.type != "cpu" or sizes.dim() != 1 or sizes.dtype.is_floating_point:
             raise TypeError(
-                f"all_to_all: {name} must be a list of ints (or a 1-d integer CPU tensor), got a "
-                f"{sizes.dtype} tensor of shape {list(sizes.shape)} on {sizes.device}; reading sizes "
-                "from the device would need a host synchronisation: call .tolist() where that is acceptable"
+                f"all_to_all: {name} must be a list of ints or a 1-d integer tensor on the CPU, got a "
+                f"{sizes.dtype} tensor of shape {list(sizes.shape)} on {sizes.device} (sizes on a GPU "
+                "would need a host synchronisation to read: call .tolist() where that is acceptable)"
             )
         sizes = sizes.tolist()
+    elif not isinstance(sizes, (list, tuple)) and callable(getattr(sizes, "tolist", None)):
+        sizes = sizes.tolist()  # a numpy array
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
         raise TypeError(f"all_to_all: {name} must be a list of ints or None, got {type(sizes).__name__}")
-    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int)]
+    bad = [s for s in sizes if isinstance(s, bool) or not hasattr(type(s), "__index__")]
     if bad:
         raise TypeError(f"all_to_all: {name} must hold ints (rows of dim 0), got {bad[0]!r} in {list(sizes)}")
+    sizes = [operator.index(s) for s in sizes]
     if len(sizes) != size:
         raise ValueError(
             f"all_to_all: {name} has {len(sizes)} entries, the group has {size} ranks: give one size per rank"
@@ -323,7 +327,7 @@ def _split_rows(sizes, name: str, t: torch.Tensor, tname: str, size: int) -> lis
             f"all_to_all: {name} sums to {sum(sizes)} rows but {tname} has {rows} rows (shape "
             f"{list(t.shape)}); the sizes count rows of dim 0 and must add up to it"
         )
-    return [int(s) for s in sizes]
+    return sizes
 
 
 def _check_shapes(out: torch.Tensor, inp: torch.Tensor) -> int:
