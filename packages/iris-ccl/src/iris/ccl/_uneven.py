@@ -385,8 +385,8 @@ def _check_pairs(group, in_rows: list[int], out_rows: list[int]) -> None:
     """Debug mode: rank ``i``'s ``input_split_sizes[j]`` equals rank ``j``'s
     ``output_split_sizes[i]`` for every pair, else the same ValueError on every rank."""
     ranks = runtime.group_ranks(group)
-    everyone: list = [None] * len(ranks)
-    torch.distributed.all_gather_object(everyone, (in_rows, out_rows), group=group)
+    sizes = (in_rows, out_rows)
+    everyone = runtime.exchange(group, "iris.ccl all_to_all split sizes", sizes, ValueError, ranks)
     wrong = [
         f"rank {ranks[i]} sends {everyone[i][0][j]} rows to rank {ranks[j]} (its input_split_sizes[{j}]) "
         f"but rank {ranks[j]} expects {everyone[j][1][i]} (its output_split_sizes[{i}])"
