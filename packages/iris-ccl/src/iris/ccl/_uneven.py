@@ -476,7 +476,7 @@ def all_to_all(out, inp, output_split_sizes, input_split_sizes, group, async_op:
     aliased = _host.overlaps(src, dst)
     if aliased:  # the output would overwrite input still to be sent
         src = src.clone()
-    comm = _comm.own(group, inp.device)
+    comm = _comm.own(group, inp.device, "all_to_all")
     if size == 1:
         dst.copy_(src)
     elif row:  # rows of no elements: nothing to move on any rank (the rows' size is the same everywhere)
@@ -514,9 +514,9 @@ def _launch(comm, cfg: Config, ll_words: int, src, dst, in_rows, out_rows, row, 
         ll_limit = 0
     user = None
     if bulk == "push":
-        user = _comm.in_place([dst], group)
+        user = _comm.in_place([dst], group, "all_to_all")
     elif bulk == "pull" and not aliased:
-        user = _comm.in_place([src], group)
+        user = _comm.in_place([src], group, "all_to_all")
     remote = (dst if bulk == "push" else src) if user is not None else slots
     table = split_table(
         src.device, [*_offsets(in_rows), *in_rows, *_offsets(out_rows), *out_rows]
