@@ -36,7 +36,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _copy_engine, _host, _plan
+from . import _copy_engine, _host, _library, _plan
 from ._plan import Plan
 from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
@@ -140,6 +140,8 @@ def all_gather(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers.
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled("all_gather", out, inp, group=group, config=config, async_op=async_op)
     _, index = _plan.validate("all_gather", out, inp, group, config, lambda size: size * inp.numel())
     own_chunk = index * inp.numel() * inp.element_size()
     # An input overlapping the output anywhere but at this rank's chunk would be overwritten

@@ -46,7 +46,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _boxed, _comm, _copy_engine, _host, _plan
+from . import _boxed, _comm, _copy_engine, _host, _library, _plan
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
@@ -326,6 +326,8 @@ def all_reduce(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers (one extra local copy each way).
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled("all_reduce", out, inp, op=op, group=group, config=config, async_op=async_op)
     _plan.validate("all_reduce", out, inp, group, config, lambda size: inp.numel())
     if out.shape != inp.shape:
         raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _copy_engine, _host, _plan, _uneven
+from . import _copy_engine, _host, _library, _plan, _uneven
 from ._plan import Plan
 from .config import Config
 from .triton import tiles
@@ -135,6 +135,9 @@ def all_to_all(
     are copied through the collective's staging buffers (uneven calls read and write them
     directly and stage only what crosses the link).
     """
+    if torch.compiler.is_compiling():
+        args = (out, inp, output_split_sizes, input_split_sizes)
+        return _library.compiled("all_to_all", *args, group=group, config=config, async_op=async_op)
     if output_split_sizes is not None or input_split_sizes is not None:
         return _uneven.all_to_all(out, inp, output_split_sizes, input_split_sizes, group, async_op, config)
     size, _ = _plan.validate("all_to_all", out, inp, group, config, lambda size: inp.numel())

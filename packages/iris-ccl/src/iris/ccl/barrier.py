@@ -7,13 +7,14 @@ queued before it on any rank happens before work queued after it on every rank.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 import iris.mem
 from iris.mem.triton import Context
 
-from . import _comm, _host
+from . import _comm, _host, _library
 from .config import Config, select
 from .triton import Group
 from .work import Work
@@ -38,6 +39,8 @@ def barrier(group=None, async_op: bool = False, *, config: Config | None = None)
     ``torch.cuda.synchronize()`` for that). The heap lives on the current GPU unless
     ``IRIS_BACKEND=cpu`` or no GPU is visible.
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled("barrier", group=group, config=config, async_op=async_op)
     _host.check_consistent("barrier", group)
     comm = _comm.own(group, iris.mem.default_device())
     if comm.size > 1:

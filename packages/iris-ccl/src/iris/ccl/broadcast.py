@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _host, _rooted
+from . import _host, _library, _rooted
 from .config import Config
 from .work import Work
 
@@ -29,6 +29,8 @@ def broadcast(
     A contiguous tensor on a symmetric heap spanning exactly ``group`` is used in place;
     others are staged (the root copies its tensor into the staging buffer).
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled("broadcast", tensor, src, group=group, config=config, async_op=async_op)
     root = _rooted.member_index(src, group, "src", "broadcast")
     _host.check_tensor(tensor, "tensor")
     n = tensor.numel()

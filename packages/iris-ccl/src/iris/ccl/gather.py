@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from iris.mem.runtime import group_ranks
 
-from . import _host, _rooted
+from . import _host, _library, _rooted
 from .config import Config
 from .work import Work
 
@@ -38,6 +38,8 @@ def gather(
 
     The root's ``out`` is only written locally, so it may be any tensor.
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled("gather", out, inp, dst, group=group, config=config, async_op=async_op)
     root = _rooted.member_index(dst, group, "dst", "gather")
     _host.check_tensor(inp, "inp")
     size = len(group_ranks(group))

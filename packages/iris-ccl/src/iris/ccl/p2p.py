@@ -34,7 +34,7 @@ import triton.language as tl
 from iris.mem.triton import Context
 from iris.mem.utils import wait_at_least
 
-from . import _comm, _host, _rooted
+from . import _comm, _host, _library, _rooted
 from .config import Config, select
 from .settings import p2p_bytes
 from .triton import record_timeout
@@ -174,6 +174,8 @@ def send(
     makes collectively: every rank of the group must make some iris.ccl call (for example
     :func:`barrier`) before or at its first send/recv.
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled("send", tensor, dst, group=group, config=config, async_op=async_op)
     return _transfer("send", tensor, dst, group, async_op, config)
 
 
@@ -182,4 +184,6 @@ def recv(
 ) -> Work | None:
     """Receive into ``tensor`` the next message global rank ``src`` of ``group`` sends to
     this rank. Parameters as for :func:`send`; ``src`` may not be None (no wildcard)."""
+    if torch.compiler.is_compiling():
+        return _library.compiled("recv", tensor, src, group=group, config=config, async_op=async_op)
     return _transfer("recv", tensor, src, group, async_op, config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _host, _rooted
+from . import _host, _library, _rooted
 from .config import Config
 from .reduce_op import ReduceOp
 from .work import Work
@@ -39,6 +39,10 @@ def reduce(
     Inputs on a symmetric heap spanning exactly ``group`` are used in place; others are
     staged. ``out`` is only written locally, so it may be any tensor.
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled(
+            "reduce", out, inp, dst, op=op, group=group, config=config, async_op=async_op
+        )
     root = _rooted.member_index(dst, group, "dst", "reduce")
     _host.check_tensor(inp, "inp")
     if out is not None:

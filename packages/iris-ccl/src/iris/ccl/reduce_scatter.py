@@ -32,7 +32,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _host, _plan
+from . import _host, _library, _plan
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
@@ -145,6 +145,10 @@ def reduce_scatter(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place by ``pull``;
     others are copied through the collective's staging buffers.
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled(
+            "reduce_scatter", out, inp, op=op, group=group, config=config, async_op=async_op
+        )
 
     def chunk(size: int) -> int:
         if inp.numel() % size:

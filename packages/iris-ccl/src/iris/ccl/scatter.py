@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from iris.mem.runtime import group_ranks
 
-from . import _host, _rooted
+from . import _host, _library, _rooted
 from .config import Config
 from .work import Work
 
@@ -39,6 +39,8 @@ def scatter(
 
     The root's ``inp`` is only read locally, so it may be any tensor.
     """
+    if torch.compiler.is_compiling():
+        return _library.compiled("scatter", out, inp, src, group=group, config=config, async_op=async_op)
     root = _rooted.member_index(src, group, "src", "scatter")
     _host.check_tensor(out, "out")
     size = len(group_ranks(group))

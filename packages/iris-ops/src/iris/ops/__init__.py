@@ -12,6 +12,7 @@ residual add and RMSNorm after it (its config: :class:`AllReduceRMSNormConfig`).
 import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are interpreted
 from iris.ccl import Work
 
+from . import _library  # noqa: F401  (registers the fused ops in torch.ops.iris)
 from ._version import __version__
 from .all_gather_matmul import all_gather_matmul
 from .all_reduce_rmsnorm import AllReduceRMSNormConfig, all_reduce_rmsnorm

@@ -214,6 +214,11 @@ def all_gather_matmul(
     Any tensors work: the shard is read locally and pushed into the peers' workspaces, the
     output is written locally. A shard that is not row-major contiguous is copied first.
     """
+    if torch.compiler.is_compiling():
+        from . import _library
+
+        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
+        return _library.compiled("all_gather_matmul", out, a_shard, b, bias, gather_dim=gather_dim, **opts)
     op = "all_gather_matmul"
     _host.check_operands(op, out, a_shard, b, bias)
     if gather_dim not in (0, 1) or isinstance(gather_dim, bool):

@@ -567,6 +567,12 @@ def all_reduce_rmsnorm(
         per signature internally. The first call of a signature prepares it (collectively,
         not inside a CUDA graph capture); later calls allocate nothing.
     """
+    if torch.compiler.is_compiling():
+        from . import _library
+
+        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
+        opts.update(residual=residual, residual_out=residual_out)
+        return _library.compiled("all_reduce_rmsnorm", out, inp, weight, eps, **opts)
     _check(out, inp, weight, eps, residual, residual_out)
     _check_config(config)
     ranks, index = _host.group_position(group)

@@ -86,6 +86,11 @@ def matmul_all_gather(
     Peers store into ``out`` directly when it is a contiguous tensor on a symmetric heap
     spanning ``group``; any other ``out`` is written through the workspace and copied.
     """
+    if torch.compiler.is_compiling():
+        from . import _library
+
+        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
+        return _library.compiled("matmul_all_gather", out, a, b, bias, **opts)
     op = "matmul_all_gather"
     ranks, index, m, k, n = _host.check_call(op, out, a, b, bias, group)
     size = len(ranks)

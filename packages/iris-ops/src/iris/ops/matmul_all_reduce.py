@@ -55,6 +55,11 @@ def matmul_all_reduce(
     :param workspace: a :class:`Workspace` to reuse across calls; None keeps one per
         signature internally.
     """
+    if torch.compiler.is_compiling():
+        from . import _library
+
+        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
+        return _library.compiled("matmul_all_reduce", out, a, b, bias, **opts)
     op = "matmul_all_reduce"
     ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)
     _host.check_shape(op, out, (m, n), "a's rows, b's columns")

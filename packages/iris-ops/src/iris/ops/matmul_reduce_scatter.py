@@ -42,6 +42,12 @@ def matmul_reduce_scatter(
     ``out`` may be any tensor (only this rank writes it); the workspace lives on ``out``'s
     heap when ``out`` is on a symmetric heap spanning ``group``.
     """
+    if torch.compiler.is_compiling():
+        from . import _library
+
+        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
+        args = (out, a, b, bias)
+        return _library.compiled("matmul_reduce_scatter", *args, scatter_dim=scatter_dim, **opts)
     op = "matmul_reduce_scatter"
     ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)
     if scatter_dim not in (0, 1) or isinstance(scatter_dim, bool):

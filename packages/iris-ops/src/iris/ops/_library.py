@@ -1,0 +1,266 @@
+"""iris.ops's fused ops as ``torch.library`` custom ops (``torch.ops.iris.*``), beside
+iris.ccl's collectives (:mod:`iris.ccl._library`, whose argument mapping they share).
+
+Each op has a mutating form with a trailing underscore (``torch.ops.iris.matmul_all_reduce_
+(out, a, b, bias, ...)``, writing ``out``) and a functional form returning new tensors
+(``torch.ops.iris.matmul_all_reduce(a, b, bias, ...)``). ``group`` is the process group's
+``group_name`` (``""``: the default group); ``config`` is
+:func:`iris.ccl._library.encode_config` of an :class:`iris.ops.Config` (an
+:class:`~iris.ops.AllReduceRMSNormConfig` for ``all_reduce_rmsnorm``), ``""`` for None. A
+:class:`~iris.ops.Workspace` cannot be passed: the ops use the workspace they keep per call
+signature.
+
+The public functions call the functional forms under ``torch.compile`` (ordered effects:
+compiled graphs keep every call in program order on every rank) and copy the result into
+the caller's output.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from iris.ccl._library import NAMESPACE, encode_config, group_name, no_async, register_config, resolve_group
+
+from .all_reduce_rmsnorm import AllReduceRMSNormConfig
+from .config import Config
+
+register_config(Config)
+register_config(AllReduceRMSNormConfig)
+
+
+def _group_size(group: str) -> int:
+    return dist.get_world_size(resolve_group(group)) if dist.is_initialized() else 1
+
+
+def _cfg(config: str, cls=Config):
+    from iris.ccl._library import decode_config
+
+    return decode_config(config, cls)
+
+
+def _kw(group: str, config: str, cls=Config) -> dict:
+    return {"group": resolve_group(group), "config": _cfg(config, cls)}
+
+
+# --------------------------------------------------------------------------- mutating forms
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_all_reduce_", mutates_args=("out",))
+def matmul_all_reduce_(
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "",
+    config: str = "",
+) -> None:  # fmt: skip
+    """``iris.ops.matmul_all_reduce(out, a, b, bias)``."""
+    from .matmul_all_reduce import matmul_all_reduce
+
+    matmul_all_reduce(out, a, b, bias, **_kw(group, config))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::all_gather_matmul_", mutates_args=("out",))
+def all_gather_matmul_(
+    out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+    gather_dim: int = 0, group: str = "", config: str = "",
+) -> None:  # fmt: skip
+    """``iris.ops.all_gather_matmul(out, a_shard, b, bias, gather_dim=...)``."""
+    from .all_gather_matmul import all_gather_matmul
+
+    all_gather_matmul(out, a_shard, b, bias, gather_dim=gather_dim, **_kw(group, config))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_all_gather_", mutates_args=("out",))
+def matmul_all_gather_(
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "",
+    config: str = "",
+) -> None:  # fmt: skip
+    """``iris.ops.matmul_all_gather(out, a, b, bias)``."""
+    from .matmul_all_gather import matmul_all_gather
+
+    matmul_all_gather(out, a, b, bias, **_kw(group, config))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_reduce_scatter_", mutates_args=("out",))
+def matmul_reduce_scatter_(
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+    scatter_dim: int = 0, group: str = "", config: str = "",
+) -> None:  # fmt: skip
+    """``iris.ops.matmul_reduce_scatter(out, a, b, bias, scatter_dim=...)``."""
+    from .matmul_reduce_scatter import matmul_reduce_scatter
+
+    matmul_reduce_scatter(out, a, b, bias, scatter_dim=scatter_dim, **_kw(group, config))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::all_reduce_rmsnorm_", mutates_args=("out", "residual_out"))
+def all_reduce_rmsnorm_(
+    out: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+    residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None, group: str = "",
+    config: str = "",
+) -> None:  # fmt: skip
+    """``iris.ops.all_reduce_rmsnorm(out, inp, weight, eps, residual=..., residual_out=...)``."""
+    from .all_reduce_rmsnorm import all_reduce_rmsnorm
+
+    kw = _kw(group, config, AllReduceRMSNormConfig)
+    all_reduce_rmsnorm(out, inp, weight, eps, residual=residual, residual_out=residual_out, **kw)
+
+
+# --------------------------------------------------------------------------- functional forms
+
+
+def _mm_shape(
+    a: torch.Tensor, b: torch.Tensor, rows: int = 1, cols: int = 1, divide: bool = False
+) -> list[int]:
+    m, n = a.shape[0], b.shape[1]
+    if divide:
+        return [m // rows, n // cols]
+    return [m * rows, n * cols]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_all_reduce", mutates_args=())
+def matmul_all_reduce(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "", config: str = ""
+) -> torch.Tensor:
+    """A new ``(M, N)`` tensor: ``all_reduce(a @ b) + bias``."""
+    out = a.new_empty(_mm_shape(a, b))
+    matmul_all_reduce_(out, a, b, bias, group, config)
+    return out
+
+
+def _agm_shape(a_shard: torch.Tensor, b: torch.Tensor, gather_dim: int, group: str) -> list[int]:
+    return _mm_shape(a_shard, b, _group_size(group) if gather_dim == 0 else 1)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::all_gather_matmul", mutates_args=())
+def all_gather_matmul(
+    a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, gather_dim: int = 0,
+    group: str = "", config: str = "",
+) -> torch.Tensor:  # fmt: skip
+    """A new ``(M, N)`` tensor: ``all_gather(a_shard, gather_dim) @ b + bias``."""
+    out = a_shard.new_empty(_agm_shape(a_shard, b, gather_dim, group))
+    all_gather_matmul_(out, a_shard, b, bias, gather_dim, group, config)
+    return out
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_all_gather", mutates_args=())
+def matmul_all_gather(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "", config: str = ""
+) -> torch.Tensor:
+    """A new ``(G*M, N)`` tensor: ``all_gather(a @ b + bias)`` along M."""
+    out = a.new_empty(_mm_shape(a, b, _group_size(group)))
+    matmul_all_gather_(out, a, b, bias, group, config)
+    return out
+
+
+def _mrs_shape(a: torch.Tensor, b: torch.Tensor, scatter_dim: int, group: str) -> list[int]:
+    size = _group_size(group)
+    return _mm_shape(a, b, size if scatter_dim == 0 else 1, size if scatter_dim == 1 else 1, divide=True)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_reduce_scatter", mutates_args=())
+def matmul_reduce_scatter(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, scatter_dim: int = 0, group: str = "",
+    config: str = "",
+) -> torch.Tensor:  # fmt: skip
+    """A new tensor: this rank's chunk (``(M/G, N)`` or ``(M, N/G)``) of ``a @ b`` summed
+    over the group, + its slice of ``bias``."""
+    out = a.new_empty(_mrs_shape(a, b, scatter_dim, group))
+    matmul_reduce_scatter_(out, a, b, bias, scatter_dim, group, config)
+    return out
+
+
+@torch.library.custom_op(f"{NAMESPACE}::all_reduce_rmsnorm", mutates_args=())
+def all_reduce_rmsnorm(
+    inp: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None,
+    group: str = "", config: str = "",
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """New tensors ``(out, residual_out)``: ``s = all_reduce(inp) + residual`` (when given)
+    and ``out = rmsnorm(s) * weight``."""
+    out = torch.empty_like(inp, memory_format=torch.contiguous_format)
+    residual_out = torch.empty_like(inp, memory_format=torch.contiguous_format)
+    all_reduce_rmsnorm_(out, inp, weight, eps, residual, residual_out, group, config)
+    return out, residual_out
+
+
+# --------------------------------------------------------------------------- fake implementations
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+MUTATING = (
+    matmul_all_reduce_,
+    all_gather_matmul_,
+    matmul_all_gather_,
+    matmul_reduce_scatter_,
+    all_reduce_rmsnorm_,
+)
+ORDERED = (matmul_all_reduce, all_gather_matmul, matmul_all_gather, matmul_reduce_scatter, all_reduce_rmsnorm)
+for _op in MUTATING:
+    _op.register_fake(_nothing)
+# as in iris.ccl._library: never dropped from a graph, functional forms in program order
+for _op in ORDERED:
+    _op.register_effect(torch.library.EffectType.ORDERED)
+for _op in ORDERED + MUTATING:
+    torch.fx.node.has_side_effect(_op._opoverload)
+
+
+@matmul_all_reduce.register_fake
+def _(a, b, bias=None, group="", config=""):
+    return a.new_empty(_mm_shape(a, b))
+
+
+@all_gather_matmul.register_fake
+def _(a_shard, b, bias=None, gather_dim=0, group="", config=""):
+    return a_shard.new_empty(_agm_shape(a_shard, b, gather_dim, group))
+
+
+@matmul_all_gather.register_fake
+def _(a, b, bias=None, group="", config=""):
+    return a.new_empty(_mm_shape(a, b, _group_size(group)))
+
+
+@matmul_reduce_scatter.register_fake
+def _(a, b, bias=None, scatter_dim=0, group="", config=""):
+    return a.new_empty(_mrs_shape(a, b, scatter_dim, group))
+
+
+@all_reduce_rmsnorm.register_fake
+def _(inp, weight, eps=1e-6, residual=None, group="", config=""):
+    like = torch.empty_like(inp, memory_format=torch.contiguous_format)
+    return like, torch.empty_like(like)
+
+
+# --------------------------------------------------------------------------- what the public functions call
+
+
+def compiled(name: str, out, *args, group=None, config=None, async_op: bool = False, workspace=None, **kw):
+    """The call the public ``iris.ops.<name>`` makes under torch.compile: the functional
+    op, its result copied into ``out`` (and ``residual_out``). Returns None."""
+    no_async(name, async_op)
+    if workspace is not None:
+        raise RuntimeError(
+            f"{name}(workspace=...) is not supported inside torch.compile: the compiled op keeps a "
+            "workspace per call signature itself; leave workspace=None there"
+        )
+    ops = torch.ops.iris
+    gname = group_name(group)
+    if name == "all_reduce_rmsnorm":
+        inp, weight, eps = args
+        key = encode_config(config, AllReduceRMSNormConfig)
+        normed, summed = ops.all_reduce_rmsnorm(inp, weight, eps, kw["residual"], gname, key)
+        out.copy_(normed)
+        if kw["residual_out"] is not None:
+            kw["residual_out"].copy_(summed)
+        return None
+    key = encode_config(config, Config)
+    a, b, bias = args
+    if name == "matmul_all_reduce":
+        result = ops.matmul_all_reduce(a, b, bias, gname, key)
+    elif name == "all_gather_matmul":
+        result = ops.all_gather_matmul(a, b, bias, kw["gather_dim"], gname, key)
+    elif name == "matmul_all_gather":
+        result = ops.matmul_all_gather(a, b, bias, gname, key)
+    else:
+        result = ops.matmul_reduce_scatter(a, b, bias, kw["scatter_dim"], gname, key)
+    out.copy_(result)
+    return None
