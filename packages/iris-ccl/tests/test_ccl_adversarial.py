@@ -88,8 +88,10 @@ def test_groups_with_the_same_members_keep_their_own_state(on_heap):
     for rank, outcome in enumerate(results):
         for name, what in outcome.items():
             assert what in ("ok", "timeout"), f"rank {rank}, group {name}: {what}"
-    # the first crossed call of each rank waits for a peer that is in the other group's call
-    assert results[0]["A"] == results[1]["B"] == "timeout", results
+    # crossed calls cannot all complete: each rank's first call waits for a peer that is in
+    # the other group's call, so at least one gives up (which ones depends on timing: a call
+    # whose peer already pushed its data before giving up completes correctly)
+    assert "timeout" in (results[0]["A"], results[1]["B"]), results
 
 
 # --------------------------------------------------------------------------- aliasing
