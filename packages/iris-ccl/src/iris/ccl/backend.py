@@ -138,10 +138,10 @@ class _IrisWork(dist.Work):
         self._device = device
         self._blocking = blocking
         self._event = None
-        cuda = device.type == "cuda"
-        if cuda and device.index is None:
-            device = self._device = torch.device("cuda", torch.cuda.current_device())
+        caps = iris.mem.capabilities(device)
+        cuda = caps.streams  # work queued on streams: the handle records an event
         if cuda:
+            device = self._device = caps.device  # with its index
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(device))
         self._future = torch.futures.Future(devices=[device] if cuda else None)
