@@ -1,7 +1,9 @@
 """``Config(variant="auto")``'s tuning table and ``Config.programs`` of the persistent kernels.
 
 * The packaged table is valid and picks, for every collective and world size, a variant the
-  collective has; ``IRIS_CCL_TABLE`` replaces it; a malformed table is a clear error.
+  collective has; it serves only the GPU model and group size it was measured on (others get
+  the heuristic); ``IRIS_CCL_TABLE`` replaces it; a malformed table is a clear error;
+  ``python -m iris.ccl.tune`` writes a table ``auto`` reads.
 * Persistent kernels give the torch result whatever the number of programs: one program
   looping over every tile, and more programs than tiles (the host caps it at the tiles);
   a launch of more programs than stay resident is refused.
@@ -26,19 +28,95 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def test_packaged_table_picks_a_variant_of_each_collective():
-    from iris.ccl import config
+    from iris.ccl import _tuning, config
 
     table = config.tuning_table()
-    assert "2" in table["world_sizes"], "the packaged table holds the measured world of 2"
+    assert "2" in table["tables"]["NVIDIA H200"], "the packaged table holds the measured 2 x H200"
     for collective in COLLECTIVES:
-        for world in (2, 3, 4, 8):
-            for nbytes in (1, 8 << 10, 1 << 20, 64 << 20, 1 << 30, 1 << 40):
-                variant = config.auto_variant(collective, nbytes, world)
-                assert variant in config.VARIANTS[collective] and variant not in ("auto", "gluon")
+        for world in (1, 2, 3, 4, 8):
+            for model, nvlink in (("NVIDIA H200", True), ("NVIDIA H100 PCIe", False), ("interpreter", None)):
+                rules, _ = _tuning.rules_for(collective, world, model, nvlink)
+                for nbytes in (1, 8 << 10, 1 << 20, 64 << 20, 1 << 30, 1 << 40):
+                    variant = _tuning.pick(rules, nbytes)[0]
+                    assert variant in config.VARIANTS[collective] and variant not in ("auto", "gluon")
     # the measured table: small messages take the barrier-free variant, large ones the copy engines
-    assert config.auto_variant("all_reduce", 8 << 10, 2) == "ll"
+    h200 = _tuning.rules_for("all_reduce", 2, "NVIDIA H200", True)
+    assert h200[1].endswith("tuning.json")
+    assert _tuning.pick(h200[0], 8 << 10)[0] == "ll" and _tuning.pick(h200[0], 1 << 30)[0] == "copy_engine"
+    # on the CPU backend (no GPU model) auto takes the heuristic
     assert config.select("all_reduce", 8 << 10, 2, True, None).variant == "ll"
-    assert config.auto_variant("all_reduce", 1 << 30, 2) == "copy_engine"
+    assert config.auto_variant("all_reduce", 1 << 30, 2) == "two_shot"
+
+
+def test_unknown_gpu_model_takes_the_heuristic_not_the_h200_table():
+    """A GPU model (or group size) the packaged table was not measured on gets the documented
+    heuristic, never the 2 x H200 rules: by size, group size and NVLink."""
+    from iris.ccl import _tuning
+
+    h200, source = _tuning.rules_for("all_reduce", 2, "NVIDIA H200", True)
+    assert source.endswith("tuning.json")
+    for model, world in (("NVIDIA H100 80GB HBM3", 2), ("NVIDIA H200", 4), ("NVIDIA H200", 3)):
+        for nvlink in (True, False, None):
+            rules, source = _tuning.rules_for("all_reduce", world, model, nvlink)
+            assert source == "heuristic" and rules != h200
+            assert rules == _tuning.heuristic_rules("all_reduce", world, nvlink)
+    # by size: ll for small messages (2 x H200 picks boxed at 512 KiB, the heuristic two_shot)
+    nvl = _tuning.rules_for("all_reduce", 2, "NVIDIA B200", True)[0]
+    assert _tuning.pick(nvl, 128 << 10)[0] == "ll" and _tuning.pick(nvl, 512 << 10)[0] == "two_shot"
+    assert _tuning.pick(h200, 512 << 10)[0] == "boxed"
+    # by group size: the ll range shrinks as 2/G (all_gather, keyed by the output, keeps it)
+    assert _tuning.heuristic_rules("all_reduce", 8, True)[0] == [64 << 10, "ll"]
+    assert _tuning.heuristic_rules("all_gather", 8, True)[0] == [1 << 20, "ll"]
+    # by NVLink: peers over PCIe move bulk data with the copy engines
+    pcie = _tuning.heuristic_rules("all_gather", 2, False)
+    assert _tuning.pick(pcie, 64 << 20)[0] == "copy_engine" and _tuning.pick(pcie, 4 << 20)[0] == "push"
+    assert _tuning.pick(_tuning.heuristic_rules("reduce_scatter", 2, False), 1 << 30)[0] == "pull"
+
+
+def test_tune_rules_fold_and_the_written_table_is_read(tmp_path, monkeypatch):
+    """``python -m iris.ccl.tune``'s pieces: measured points fold into rules; the table is
+    written under the model and group size (keeping other entries) and ``auto`` reads it
+    through IRIS_CCL_TABLE for that model only."""
+    from iris.ccl import _tuning, tune
+
+    points = [(8 << 10, "ll", {}), (1 << 20, "boxed", {"block_size": 8192}), (2 << 20, "boxed", {})]
+    points += [(4 << 20, "boxed", {}), (64 << 20, "two_shot", {})]
+    assert _tuning.fold(points) == [
+        [8 << 10, "ll"],
+        [1 << 20, "boxed", {"block_size": 8192}],
+        [4 << 20, "boxed"],
+        [None, "two_shot"],
+    ]
+    assert tune.table_size("all_gather", 1 << 20, 4) == 4 << 20 and tune.parse_size("2MiB") == 2 << 20
+    path = str(tmp_path / "mine.json")
+    tune.write_table(path, "Test GPU", 4, {"all_reduce": [[1024, "ll"], [None, "one_shot"]]}, "note")
+    tune.write_table(path, "Test GPU", 2, {"all_gather": [[None, "pull"]]}, "note")
+    table = json.loads(Path(path).read_text())
+    assert set(table["tables"]["Test GPU"]) == {"2", "4"}
+    with pytest.raises(RuntimeError, match="variants of all_reduce"):
+        tune.write_table(path, "Test GPU", 2, {"all_reduce": [[None, "pull"]]}, "note")
+    monkeypatch.setenv("IRIS_CCL_TABLE", path)
+    assert _tuning.rules_for("all_reduce", 4, "Test GPU", True) == ([[1024, "ll"], [None, "one_shot"]], path)
+    assert _tuning.rules_for("all_reduce", 4, "Other GPU", True)[1] == "heuristic"
+    assert _tuning.rules_for("all_gather", 2, "Test GPU", None)[0] == [[None, "pull"]]
+
+
+@pytest.mark.full
+def test_tune_command_smoke_writes_a_table_auto_reads(tmp_path):
+    """``torchrun -m iris.ccl.tune --smoke`` end to end on two CPU ranks; a child process
+    with IRIS_CCL_TABLE pointing at its output runs what it measured."""
+    path = tmp_path / "ccl.json"
+    env = {**os.environ, "IRIS_BACKEND": "cpu", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += ["-m", "iris.ccl.tune", "--smoke", "--collectives", "all_reduce,all_gather", "--out", str(path)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rules = json.loads(path.read_text())["tables"]["interpreter"]["2"]
+    assert set(rules) == {"all_reduce", "all_gather"} and rules["all_reduce"][-1][0] is None
+    code = "from iris.ccl import config as c; print(c.auto_variant('all_reduce', 1 << 30, 2))"
+    out = _in_child(code, str(path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == rules["all_reduce"][-1][1]
 
 
 def _in_child(code: str, table: str) -> subprocess.CompletedProcess:
@@ -103,14 +181,21 @@ def test_table_launch_fields_fill_what_the_caller_left_open(tmp_path):
             json.dumps({"default": {"all_reduce": [[None, "ll", {"programs": True}]]}}),
             ["valid Config values"],
         ),
+        (json.dumps({"tables": {"NVIDIA H200": {"two": {}}}}), ["group sizes", "NVIDIA H200"]),
+        (json.dumps({"tables": {"X": {"2": {"all_reduce": [[None, "push"]]}}}}), ["variants of all_reduce"]),
+        (json.dumps([1, 2]), ["JSON object"]),
     ],
 )
-def test_bad_table_is_a_clear_error(tmp_path, content, words):
+def test_bad_table_is_a_clear_error(tmp_path, monkeypatch, content, words):
+    """In this process: IRIS_CCL_TABLE is read at every call (each file loaded once)."""
+    from iris.ccl import config
+
     path = tmp_path / "table.json"
     path.write_text(content)
-    out = _in_child("from iris.ccl import config; config.auto_variant('all_reduce', 1, 2)", str(path))
-    assert out.returncode != 0
-    assert "RuntimeError" in out.stderr and all(w in out.stderr for w in words), out.stderr
+    monkeypatch.setenv("IRIS_CCL_TABLE", str(path))
+    with pytest.raises(RuntimeError) as info:
+        config.auto_variant("all_reduce", 1, 2)
+    assert all(w in str(info.value) for w in words), info.value
 
 
 def test_benchmark_writes_a_table_that_auto_reads(tmp_path, monkeypatch):

@@ -151,7 +151,8 @@ def resolve(
     caps = iris.mem.capabilities(tensors[0].device)
     cfg = failed = None
     try:
-        cfg = select(collective, nbytes, len(runtime.group_ranks(group)), caps.interpreted, config)
+        size = len(runtime.group_ranks(group))
+        cfg = select(collective, nbytes, size, caps.interpreted, config, caps.device)
     except Exception as e:  # noqa: BLE001 - raised below, after the ranks compared their calls
         failed = e
     if iris.mem.debug_enabled():

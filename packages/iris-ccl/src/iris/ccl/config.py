@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
-from pathlib import Path
 
-from . import variants
-from .settings import TABLE_ENV, table_path
+import iris.mem
+
+from . import _tuning, variants
+from .settings import table_path
 
 #: Upper bound of ``Config.programs``: the sync slots of a communicator (``_comm.MAX_SLOTS``).
 MAX_PROGRAMS = 8192
@@ -67,11 +66,14 @@ def check_config(config: object) -> None:
         raise TypeError(f"config must be an iris.ccl.Config or None, got {type(config).__name__}")
 
 
-def select(collective: str, nbytes: int, world_size: int, interpreted: bool, config: Config | None) -> Config:
+def select(
+    collective: str, nbytes: int, world_size: int, interpreted: bool, config: Config | None, device=None
+) -> Config:
     """The configuration to run: ``config`` with every "choose" field filled in.
 
     With ``variant="auto"`` the variant, and on GPUs the tile, warps and programs the table
-    measured for it, come from the tuning table (:func:`auto_rule`); fields the caller set
+    measured for it, come from the tuning table of ``device``'s GPU model and the group size
+    or the heuristic (:func:`auto_rule`; ``device`` None: the default device); fields the caller set
     win over the table's. Otherwise tiles follow measured defaults; on the CPU backend
     (interpreter) larger tiles mean fewer interpreted programs, which is what costs time
     there.
@@ -82,7 +84,7 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
     variant = config.variant
     measured: dict[str, int] = {}
     if variant == "auto" and collective in variants.names():
-        variant, measured = auto_rule(collective, nbytes, world_size)
+        variant, measured = auto_rule(collective, nbytes, world_size, device)
         if interpreted:  # the table's launch shapes are GPU measurements
             measured = {}
     chosen = variants.get(collective, variant)
@@ -101,73 +103,33 @@ def select(collective: str, nbytes: int, world_size: int, interpreted: bool, con
 
 #: Config fields a tuning-table rule may set besides the variant (``Config(variant="auto")``
 #: on GPUs; fields the caller sets win).
-TABLE_FIELDS = ("block_size", "num_warps", "chunk_elements", "programs")
-#: Environment variable naming a tuning table to use instead of the packaged one.
-_PACKAGED_TABLE = Path(__file__).with_name("tuning.json")
-
-
-@functools.cache
-def _load_table(path: str) -> dict:
-    try:
-        with open(path) as f:
-            table = json.load(f)
-    except (OSError, ValueError) as e:
-        raise RuntimeError(f"iris.ccl: cannot read the tuning table {path} ({TABLE_ENV}): {e}") from e
-    for scope in [table.get("default", {}), *table.get("world_sizes", {}).values()]:
-        for collective, rules in scope.items():
-            ok = isinstance(rules, list) and rules and rules[-1][0] is None
-            ok = ok and all(_valid_rule(r, collective) for r in rules)
-            if not ok:
-                raise RuntimeError(
-                    f"iris.ccl: tuning table {path}: rules for {collective!r} must be [[max_bytes, variant], "
-                    f"..., [null, variant]] with variants of {collective}, each optionally followed by "
-                    f"{{field: value}} of {list(TABLE_FIELDS)} (valid Config values), got {rules!r}"
-                )
-    return table
-
-
-def _valid_rule(rule: object, collective: str) -> bool:
-    """``[max_bytes or None, variant]`` or ``[max_bytes or None, variant, {field: value}]``."""
-    if not isinstance(rule, list) or len(rule) not in (2, 3) or not isinstance(rule[1], str):
-        return False
-    if variants.get(collective, rule[1]) is None:  # a registered variant ("auto" is none)
-        return False
-    if not (rule[0] is None or (isinstance(rule[0], int) and rule[0] >= 0)):
-        return False
-    if len(rule) == 3:
-        fields = rule[2]
-        if not isinstance(fields, dict) or not set(fields) <= set(TABLE_FIELDS):
-            return False
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in fields.values()):
-            return False
-        try:
-            Config(**fields)
-        except ValueError:
-            return False
-    return True
+TABLE_FIELDS = _tuning.TABLE_FIELDS
+_PACKAGED_TABLE = _tuning.PACKAGED_TABLE
+_load_table = _tuning.load
 
 
 def tuning_table() -> dict:
-    """The tuning table in use: the file ``$IRIS_CCL_TABLE`` names, else the packaged
-    ``tuning.json`` (measured on 2 x H200)."""
+    """The tuning table file in use: the one ``$IRIS_CCL_TABLE`` names, else the packaged
+    ``tuning.json`` (keyed by GPU model and group size; see :mod:`iris.ccl._tuning`)."""
     return _load_table(table_path() or str(_PACKAGED_TABLE))
 
 
-def auto_variant(collective: str, nbytes: int, world_size: int) -> str:
+def auto_variant(collective: str, nbytes: int, world_size: int, device=None) -> str:
     """The variant ``Config(variant="auto")`` runs for a message of ``nbytes`` (the output
-    for all_gather, the input otherwise) on ``world_size`` ranks."""
-    return auto_rule(collective, nbytes, world_size)[0]
+    for all_gather, the input otherwise) on ``world_size`` ranks of ``device`` (None: the
+    default device)."""
+    return auto_rule(collective, nbytes, world_size, device)[0]
 
 
-def auto_rule(collective: str, nbytes: int, world_size: int) -> tuple[str, dict[str, int]]:
+def auto_rule(collective: str, nbytes: int, world_size: int, device=None) -> tuple[str, dict[str, int]]:
     """The variant ``Config(variant="auto")`` runs for a message of ``nbytes`` (see
     :func:`auto_variant`) and the launch fields (of :data:`TABLE_FIELDS`) the table measured
-    for it, ``{}`` where the rule names none."""
-    table = tuning_table()
-    rules = table.get("world_sizes", {}).get(str(world_size), {}).get(collective)
-    rules = rules or table.get("default", {}).get(collective) or [[None, variants.default(collective)]]
-    rule = next((r for r in rules if r[0] is None or nbytes <= r[0]), rules[-1])
-    return rule[1], dict(rule[2]) if len(rule) == 3 else {}
+    for it, ``{}`` where the rule names none. The rules are those measured for ``device``'s
+    GPU model and ``world_size`` (``IRIS_CCL_TABLE``, then the packaged table), else the
+    heuristic of :func:`iris.ccl._tuning.heuristic_rules`."""
+    caps = iris.mem.capabilities(device if device is not None else iris.mem.default_device())
+    rules, _ = _tuning.rules_for(collective, world_size, _tuning.model_key(caps), caps.nvlink)
+    return _tuning.pick(rules, nbytes)
 
 
 def __getattr__(name: str):

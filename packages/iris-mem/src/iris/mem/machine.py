@@ -35,6 +35,10 @@ class Capabilities:
         tma: the tensor memory accelerator (tensor descriptors) is available (compute
             capability 9 or newer).
         streams: work can be queued on side streams and ordered with events (copy engines).
+        name: the GPU's model as the driver names it (``"NVIDIA H200"``); ``""`` when
+            interpreted. Tuning tables are keyed by it.
+        nvlink: whether the GPU has an active NVLink (to a peer GPU or an NVSwitch), as NVML
+            reports it; None when that is not known (no NVML, or interpreted).
     """
 
     device: torch.device
@@ -46,6 +50,8 @@ class Capabilities:
     pdl: bool
     tma: bool
     streams: bool
+    name: str = ""
+    nvlink: bool | None = None
 
 
 #: Programs the interpreter runs per launch of a persistent kernel: few, since each is slow.
@@ -64,7 +70,39 @@ def capabilities(device: torch.device | str) -> Capabilities:
     cc = (props.major, props.minor)
     hopper = cc >= (9, 0)
     sms = props.multi_processor_count
-    return Capabilities(torch.device("cuda", index), "cuda", False, sms, cc, sms, hopper, hopper, True)
+    caps = Capabilities(torch.device("cuda", index), "cuda", False, sms, cc, sms, hopper, hopper, True)
+    return dataclasses.replace(caps, name=props.name, nvlink=_nvlink(props))
+
+
+#: Links NVML numbers per GPU (``NVML_NVLINK_MAX_LINKS``).
+_NVML_MAX_LINKS = 18
+
+
+def _nvlink(props) -> bool | None:
+    """Whether the GPU of ``props`` has an active NVLink, asked of NVML (the driver's
+    library, through ctypes); None when NVML or the GPU's UUID is not available."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        handle = ctypes.c_void_p()
+        uuid = f"GPU-{props.uuid}".encode()
+        if nvml.nvmlDeviceGetHandleByUUID(ctypes.c_char_p(uuid), ctypes.byref(handle)) != 0:
+            return None
+        active = ctypes.c_int()
+        for link in range(_NVML_MAX_LINKS):
+            status = nvml.nvmlDeviceGetNvLinkState(handle, ctypes.c_uint(link), ctypes.byref(active))
+            if status in (2, 3):  # invalid argument / not supported: no such link
+                return False
+            if status != 0:
+                return None
+            if active.value:
+                return True
+        return False
+    except (OSError, AttributeError):
+        return None
 
 
 def default_device() -> torch.device:
