@@ -23,6 +23,7 @@ from .errors import (  # noqa: E402
 )
 from .heap import SymmetricHeap, check_live, heap_of, init  # noqa: E402
 from .machine import Capabilities, capabilities, capturing, default_device, synchronize  # noqa: E402
+from .nodes import NodeLayout, node_layout  # noqa: E402
 from .settings import debug as debug_enabled  # noqa: E402
 from .settings import wait_budget_ns, wait_timeout  # noqa: E402
 
@@ -33,6 +34,7 @@ __all__ = [
     "HeapPointerError",
     "IrisError",
     "MemoryStats",
+    "NodeLayout",
     "SymmetricHeap",
     "UseAfterFreeError",
     "__version__",
@@ -43,6 +45,7 @@ __all__ = [
     "default_device",
     "heap_of",
     "init",
+    "node_layout",
     "synchronize",
     "wait_budget_ns",
     "wait_timeout",

@@ -114,6 +114,17 @@ class Communicator:
         return self.global_ranks[rank]
 
 
+def node_group(group: dist.ProcessGroup | None, backend: str) -> dist.ProcessGroup | None:
+    """The group a heap for ``group`` spans: ``group`` itself when its ranks are on one node,
+    else the ranks of ``group`` on this process's node (a subgroup made once, by them)."""
+    from .nodes import node_layout, subgroup
+
+    layout = node_layout(group)
+    if not layout.multi_node:
+        return group
+    return subgroup(group, layout.local_ranks, "node", backend)
+
+
 def resolve_group(group: Any) -> dist.ProcessGroup | None:
     """Validate ``group``: a torch.distributed ProcessGroup this rank belongs to, or None."""
     if group is None:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from . import settings as _settings
 from ._alloc import FirstFit, MemoryStats
 from .backends import Backend, create_backend
-from .bootstrap import Communicator, ensure_initialized, resolve_group
+from .bootstrap import Communicator, ensure_initialized, node_group, resolve_group
 from .errors import HeapMismatchError, UseAfterFreeError
 from .log import get_logger
 from .machine import Capabilities, capabilities, capturing
@@ -99,7 +99,8 @@ class SymmetricHeap:
         if name not in _settings.BACKENDS:
             raise ValueError(f"backend={name!r} is not a backend; use one of {', '.join(_settings.BACKENDS)}")
         self._owns_process_group = ensure_initialized(name)
-        self._comm = Communicator(resolve_group(group))
+        # a heap spans one node: in a job over several, this node's ranks of the group
+        self._comm = Communicator(node_group(resolve_group(group), name))
         self.rank: int = self._comm.rank
         self.world_size: int = self._comm.world_size
         self.heap_size: int = heap_size

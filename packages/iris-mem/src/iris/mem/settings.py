@@ -29,6 +29,10 @@ Variables
     Seconds a host-side collective of the bootstrap waits (default 300).
 ``IRIS_LOG_LEVEL``
     Level of the ``iris`` logger (a :mod:`logging` level name or number; default WARNING).
+``IRIS_NODE_ID``
+    Which node this rank is on, for launchers other than torchrun (which sets
+    ``GROUP_RANK``): ranks share a node, and a heap, when they run on the same host with the
+    same ``IRIS_NODE_ID`` (see :mod:`iris.mem.nodes`).
 """
 
 from __future__ import annotations
@@ -137,6 +141,12 @@ def local_rank() -> int | None:
     """This process's index on its node as the launcher set it (``LOCAL_RANK``), or None."""
     value = text("LOCAL_RANK")
     return None if value is None else int(value)
+
+
+def node_id() -> str | None:
+    """``IRIS_NODE_ID``: this rank's launcher agent (node) on its host, or None when unset
+    (then torchrun's ``GROUP_RANK`` is used)."""
+    return text("IRIS_NODE_ID")
 
 
 def wait_timeout() -> float:
