@@ -143,6 +143,11 @@ def all_gather(
     if torch.compiler.is_compiling():
         return _library.compiled("all_gather", out, inp, group=group, config=config, async_op=async_op)
     _, index = _plan.validate("all_gather", out, inp, group, config, lambda size: size * inp.numel())
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, inp.device, "all_gather", out, inp, config, async_op=async_op)
+    if spans:
+        return work
     own_chunk = index * inp.numel() * inp.element_size()
     # An input overlapping the output anywhere but at this rank's chunk would be overwritten
     # while still needed: gather from a copy of it.

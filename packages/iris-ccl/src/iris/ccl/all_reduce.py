@@ -331,6 +331,11 @@ def all_reduce(
     _plan.validate("all_reduce", out, inp, group, config, lambda size: inp.numel())
     if out.shape != inp.shape:
         raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, inp.device, "all_reduce", out, inp, op, config, async_op=async_op)
+    if spans:
+        return work
     # every variant takes the output in the input's own memory (out is inp, say) or falls
     # back; an output overlapping the input in part is written over input a peer (or a later
     # tile) still reads, so that input is copied first

@@ -139,6 +139,13 @@ def all_to_all(
         args = (out, inp, output_split_sizes, input_split_sizes)
         return _library.compiled("all_to_all", *args, group=group, config=config, async_op=async_op)
     if output_split_sizes is not None or input_split_sizes is not None:
+        from . import _hier  # a group spanning nodes runs in stages
+
+        splits = (output_split_sizes, input_split_sizes)
+        args = (out, inp, *splits, config)
+        spans, work = _hier.entry(group, inp.device, "all_to_all_uneven", *args, async_op=async_op)
+        if spans:
+            return work
         return _uneven.all_to_all(out, inp, output_split_sizes, input_split_sizes, group, async_op, config)
     size, _ = _plan.validate("all_to_all", out, inp, group, config, lambda size: inp.numel())
     if inp.numel() % size:
@@ -147,6 +154,11 @@ def all_to_all(
             f"{size} ranks does not divide into equal chunks; pad inp (and out) to a multiple of {size}, "
             "or pass split sizes"
         )
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, inp.device, "all_to_all", out, inp, config, async_op=async_op)
+    if spans:
+        return work
     # an output overlapping the input (out is inp, say): every member reads or writes chunks
     # the others still need, so the exchange works on a copy of the input
     return _plan.run(

@@ -42,6 +42,11 @@ def barrier(group=None, async_op: bool = False, *, config: Config | None = None)
     if torch.compiler.is_compiling():
         return _library.compiled("barrier", group=group, config=config, async_op=async_op)
     _host.check_consistent("barrier", group)
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, iris.mem.default_device(), "barrier", config, async_op=async_op)
+    if spans:
+        return work
     comm = _comm.own(group, iris.mem.default_device())
     if comm.size > 1:
         cfg = select("barrier", 0, comm.size, comm.capabilities.interpreted, config)

@@ -33,6 +33,11 @@ def broadcast(
         return _library.compiled("broadcast", tensor, src, group=group, config=config, async_op=async_op)
     root = _rooted.member_index(src, group, "src", "broadcast")
     _host.check_tensor(tensor, "tensor")
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, tensor.device, "broadcast", tensor, src, config, async_op=async_op)
+    if spans:
+        return work
     n = tensor.numel()
     comm, in_place, cfg = _host.setup(
         "broadcast", [tensor], group, config, n * tensor.element_size(), root=src

@@ -48,6 +48,11 @@ def gather(
         if out is None:
             raise ValueError(f"gather: out is None on the destination rank {dst}; pass the output tensor")
         _host.check_pair(out, inp, "gather", size * inp.numel())
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, inp.device, "gather", out, inp, dst, config, async_op=async_op)
+    if spans:
+        return work
     m = inp.numel()
     comm, in_place, cfg = _host.setup("gather", [inp], group, config, size * m * inp.element_size(), root=dst)
     src_all = _rooted.flat(inp)

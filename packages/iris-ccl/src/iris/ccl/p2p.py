@@ -125,6 +125,11 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
     _host.check_tensor(tensor, "tensor")
     if dist.get_rank() == rank:
         raise ValueError(f"{kind}: {name}={rank} is this rank; a rank cannot {kind} to itself")
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, tensor.device, kind, tensor, rank, config, async_op=async_op)
+    if spans:
+        return work
     # Made on first use, collectively: every rank of the group must reach some iris.ccl call.
     comm = _comm.own(group, tensor.device)
     nbytes = tensor.numel() * tensor.element_size()

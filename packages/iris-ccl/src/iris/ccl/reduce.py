@@ -52,6 +52,11 @@ def reduce(
     is_root = dist.get_rank() == dst
     if is_root and out is None:
         raise ValueError(f"reduce: out is None on the destination rank {dst}; pass the tensor to reduce into")
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, inp.device, "reduce", out, inp, dst, rop, config, async_op=async_op)
+    if spans:
+        return work
     n = inp.numel()
     comm, in_place, cfg = _host.setup(
         "reduce", [inp], group, config, n * inp.element_size(), op=rop, root=dst

@@ -160,6 +160,11 @@ def reduce_scatter(
         return inp.numel() // size
 
     _, index = _plan.validate("reduce_scatter", out, inp, group, config, chunk)
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, inp.device, "reduce_scatter", out, inp, op, config, async_op=async_op)
+    if spans:
+        return work
     own_chunk = index * out.numel() * inp.element_size()
     # An output overlapping the input anywhere but at this rank's chunk would overwrite
     # input still needed by a later launch: reduce from a copy of the input.

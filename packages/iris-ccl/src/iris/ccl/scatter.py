@@ -54,6 +54,11 @@ def scatter(
                 f"scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), expected "
                 f"{size} ranks x {out.numel()} elements of out (shape {list(out.shape)})"
             )
+    from . import _hier  # a group spanning nodes runs in stages
+
+    spans, work = _hier.entry(group, out.device, "scatter", out, inp, src, config, async_op=async_op)
+    if spans:
+        return work
     m = out.numel()
     comm, in_place, cfg = _host.setup(
         "scatter", [out], group, config, size * m * out.element_size(), root=src
