@@ -235,6 +235,11 @@ def all_gather_matmul(
         )
     _host.check_shape(op, out, (m, n), f"the gathered A's rows, b's columns for gather_dim={gather_dim}")
     _host.check_bias(op, bias, n)
+    from . import _hier  # a group spanning nodes: fused within the node, staged between
+
+    spans, work = _hier.entry(group, a_shard.device, "all_gather_matmul", out, a_shard, b, bias, gather_dim=gather_dim, async_op=async_op)
+    if spans:
+        return work
     if a_shard.stride() != (ks, 1):
         a_shard = a_shard.contiguous()
     cfg = _host.resolve(m, n, a_shard, config, wide=True)

@@ -575,6 +575,11 @@ def all_reduce_rmsnorm(
         return _library.compiled("all_reduce_rmsnorm", out, inp, weight, eps, **opts)
     _check(out, inp, weight, eps, residual, residual_out)
     _check_config(config)
+    from . import _hier  # a group spanning nodes: fused within the node, staged between
+
+    spans, work = _hier.entry(group, inp.device, "all_reduce_rmsnorm", out, inp, weight, eps, residual, residual_out, async_op=async_op)
+    if spans:
+        return work
     ranks, index = _host.group_position(group)
     size = len(ranks)
     tokens, hidden = inp.shape

@@ -96,6 +96,11 @@ def matmul_all_gather(
     size = len(ranks)
     _host.check_shape(op, out, (size * m, n), "group size x a's rows, b's columns")
     _host.check_bias(op, bias, n)
+    from . import _hier  # a group spanning nodes: fused within the node, staged between
+
+    spans, work = _hier.entry(group, a.device, "matmul_all_gather", out, a, b, bias, async_op=async_op)
+    if spans:
+        return work
     cfg = _host.resolve(m, n, a, config)
     heap = _host.heap_of(out, ranks)
     in_place = size == 1 or _host.writable_in_place(out, heap)

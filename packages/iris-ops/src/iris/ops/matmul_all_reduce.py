@@ -64,6 +64,11 @@ def matmul_all_reduce(
     ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)
     _host.check_shape(op, out, (m, n), "a's rows, b's columns")
     _host.check_bias(op, bias, n)
+    from . import _hier  # a group spanning nodes: fused within the node, staged between
+
+    spans, work = _hier.entry(group, a.device, "matmul_all_reduce", out, a, b, bias, async_op=async_op)
+    if spans:
+        return work
     size = len(ranks)
     cfg = _host.resolve(m, n, a, config, wide=True)
     split_n = choose_split(m, n, size, cfg)

@@ -57,6 +57,11 @@ def matmul_reduce_scatter(
     chunk = (m // size, n) if scatter_dim == 0 else (m, n // size)
     _host.check_shape(op, out, chunk, f"this rank's slice for scatter_dim={scatter_dim}")
     _host.check_bias(op, bias, n)
+    from . import _hier  # a group spanning nodes: fused within the node, staged between
+
+    spans, work = _hier.entry(group, a.device, "matmul_reduce_scatter", out, a, b, bias, scatter_dim=scatter_dim, async_op=async_op)
+    if spans:
+        return work
     cfg = _host.resolve(chunk[0], chunk[1], a, config, wide=True)
     _reduce.run(
         op, out, a, b, bias, split_n=scatter_dim == 1, chunk=chunk, all_reduce=False,
