@@ -12,8 +12,8 @@ Where every node holds the same number ``s`` of the group's ranks (a *uniform* l
 
 * ``all_reduce``: intra reduce-scatter into ``s`` shards, inter all-reduce of each shard
   (every rank of a node drives its own shard over the network), intra all-gather; large
-  messages in pipelined pieces (the inter step of a piece overlaps the intra steps of the
-  next on GPUs);
+  messages in pieces of :data:`PIECE_ELEMENTS` (bounding the temporary buffers; the stages
+  of successive pieces run one after another, not yet overlapped);
 * ``all_gather``: inter all-gather of the own piece, then intra all-gather of the ``N``
   pieces each rank now holds;
 * ``reduce_scatter``: intra reduce-scatter of the chunks regrouped by local index, then
