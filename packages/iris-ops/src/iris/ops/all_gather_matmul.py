@@ -32,7 +32,7 @@ from iris.ccl import Work
 from iris.ccl.triton import Group
 from iris.mem.triton import Context
 
-from . import _host
+from . import _composed, _host, _select
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
 from ._sync import call_generation, claim_tile, finish_call, remote_tile, signal, signal_count, wait
 from .config import Config
@@ -242,6 +242,10 @@ def all_gather_matmul(
         return work
     if a_shard.stride() != (ks, 1):
         a_shard = a_shard.contiguous()
+    if _select.path(op, m * n * k, size, a_shard.device, config) == "composed":
+        kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
+        _composed.all_gather_matmul(out, a_shard, b, bias, gather_dim=gather_dim, **kw)
+        return _host.finish(a_shard.device, async_op)
     cfg = _host.resolve(m, n, a_shard, config, wide=True)
     row_blocks = _host.cdiv(ms, cfg.block_m)
     specs = [("ready", size * row_blocks, torch.int32), ("shards", size * ms * ks, a_shard.dtype)]

@@ -6,6 +6,8 @@ import dataclasses
 
 import torch
 
+#: Values of ``Config.path``.
+PATHS = ("auto", "fused", "composed")
 #: Largest number of persistent programs a fused op launches (the sync slots of a workspace).
 MAX_PROGRAMS = 1024
 
@@ -56,6 +58,12 @@ class Config:
             descriptors) where their layout allows it (row-major, 16-byte aligned rows),
             instead of ``cp.async`` loads; None chooses (on for bf16/fp16, where it
             measured faster on H200 at every shape tried; off for tf32).
+        path: what runs. ``"fused"``: the op's fused kernel (every other field applies to
+            it); ``"composed"``: ``torch.matmul`` (cuBLAS on GPUs) and the iris.ccl
+            collective with ``variant="auto"``, one after the other (the collective first for
+            ``all_gather_matmul``); ``"auto"``: whichever the tuning table measured faster for
+            the shape on this GPU model and group size, else a heuristic (see
+            :doc:`/performance`); the fused kernel wherever kernels are interpreted.
     """
 
     block_m: int = 0
@@ -70,6 +78,7 @@ class Config:
     order: str = "auto"
     stream: bool | None = None
     tma: bool | None = None
+    path: str = "auto"
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -92,6 +101,8 @@ class Config:
             raise ValueError(f"Config.split must be 'auto', 'm' or 'n', got {self.split!r}")
         if self.order not in ("auto", "peers_first", "spread"):
             raise ValueError(f"Config.order must be 'auto', 'peers_first' or 'spread', got {self.order!r}")
+        if self.path not in PATHS:
+            raise ValueError(f"Config.path must be 'auto', 'fused' or 'composed', got {self.path!r}")
         for name in ("tma", "stream"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):

@@ -18,7 +18,7 @@ from iris.ccl import Work
 from iris.ccl.triton import Group
 from iris.mem.triton import Context
 
-from . import _host
+from . import _composed, _host, _select
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
 from ._sync import remote_tile
 from .config import Config
@@ -101,6 +101,10 @@ def matmul_all_gather(
     spans, work = _hier.entry(group, a.device, "matmul_all_gather", out, a, b, bias, async_op=async_op)
     if spans:
         return work
+    if _select.path(op, m * n * k, size, a.device, config) == "composed":
+        kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
+        _composed.matmul_all_gather(out, a, b, bias, **kw)
+        return _host.finish(a.device, async_op)
     cfg = _host.resolve(m, n, a, config)
     heap = _host.heap_of(out, ranks)
     in_place = size == 1 or _host.writable_in_place(out, heap)

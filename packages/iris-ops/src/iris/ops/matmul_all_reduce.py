@@ -15,7 +15,7 @@ import torch
 
 from iris.ccl import Work
 
-from . import _host, _reduce
+from . import _composed, _host, _reduce, _select
 from .config import Config
 from .workspace import Workspace
 
@@ -69,6 +69,10 @@ def matmul_all_reduce(
     spans, work = _hier.entry(group, a.device, "matmul_all_reduce", out, a, b, bias, async_op=async_op)
     if spans:
         return work
+    if _select.path(op, m * n * a.shape[1], len(ranks), a.device, config) == "composed":
+        kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
+        _composed.matmul_all_reduce(out, a, b, bias, **kw)
+        return _host.finish(a.device, async_op)
     size = len(ranks)
     cfg = _host.resolve(m, n, a, config, wide=True)
     split_n = choose_split(m, n, size, cfg)

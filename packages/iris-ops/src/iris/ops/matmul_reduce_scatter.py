@@ -13,7 +13,7 @@ import torch
 
 from iris.ccl import Work
 
-from . import _host, _reduce
+from . import _composed, _host, _reduce, _select
 from .config import Config
 from .workspace import Workspace
 
@@ -62,6 +62,10 @@ def matmul_reduce_scatter(
     spans, work = _hier.entry(group, a.device, "matmul_reduce_scatter", out, a, b, bias, scatter_dim=scatter_dim, async_op=async_op)
     if spans:
         return work
+    if _select.path(op, m * n * a.shape[1], size, a.device, config) == "composed":
+        kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
+        _composed.matmul_reduce_scatter(out, a, b, bias, scatter_dim=scatter_dim, **kw)
+        return _host.finish(a.device, async_op)
     cfg = _host.resolve(chunk[0], chunk[1], a, config, wide=True)
     _reduce.run(
         op, out, a, b, bias, split_n=scatter_dim == 1, chunk=chunk, all_reduce=False,

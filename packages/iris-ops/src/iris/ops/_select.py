@@ -1,0 +1,166 @@
+"""Which path a fused op takes for a shape: its fused kernel, or the composition of
+``torch.matmul`` and an iris.ccl collective (``Config.path``).
+
+``Config(path="auto")`` (the default) decides from the size of the GEMM one rank computes,
+``work = M x N x K`` multiply-adds (M its rows: this rank's rows for matmul_all_gather, the
+gathered rows for all_gather_matmul), with rules read, first match wins, from:
+
+1. the table file ``IRIS_OPS_TABLE`` names (written by ``python -m iris.ops.tune``);
+2. the packaged ``tuning.json``;
+
+each keyed by GPU model (``iris.mem.capabilities(device).name``) and group size::
+
+    {"tables": {"<GPU model>": {"<group size>": {"<op>": [[max_work, path], ..., [null, path]]}}}}
+
+(the first rule whose ``max_work`` is at least the call's work wins; null: any work), and
+where neither holds rules for this model and group size,
+
+3. :func:`heuristic_rules`, never a table measured on another machine.
+
+Every rank decides from the same facts (the shape, the group size, the GPU model and its
+links), so every rank of a group of identical GPUs takes the same path.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import iris.mem
+from iris.mem import settings
+
+from .config import Config, check_config
+
+OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_gather")
+PATHS = ("fused", "composed")
+TABLE_ENV = "IRIS_OPS_TABLE"
+PACKAGED_TABLE = Path(__file__).with_name("tuning.json")
+#: The model key of a machine whose kernels run in Triton's interpreter.
+INTERPRETER = "interpreter"
+
+#: Work (multiply-adds of one rank's GEMM) from which the heuristic runs the fused kernel in
+#: a group of two GPUs joined by NVLink; in a group of G it is scaled by G/2. Below it the
+#: composition is expected to be faster: estimated from the 2 x H200 measurements of
+#: docs/performance.md (the fused ops against torch.matmul plus the time Iris's collective
+#: takes for the same message), where the fused kernels trail matmul + NCCL at M <= 128
+#: rows of 8192 x 4096 (work 2^32) and lead from M = 1024 (2^35) up. matmul_all_gather,
+#: whose rows are one rank's, led from its smallest shape there, 8 rows (2^28) but only
+#: narrowly: it switches from 2^31.
+FUSED_FROM = {
+    "matmul_all_reduce": 1 << 33,
+    "all_gather_matmul": 1 << 33,
+    "matmul_reduce_scatter": 1 << 33,
+    "matmul_all_gather": 1 << 31,
+}
+
+
+def heuristic_rules(op: str, world_size: int, nvlink: bool | None, interpreted: bool) -> list:
+    """The rules ``auto`` uses without a measured table:
+
+    * kernels interpreted (the CPU backend, which exists to run and test the kernels):
+      always fused;
+    * a group of one: composed (there is nothing to overlap, and ``torch.matmul`` is the
+      faster GEMM);
+    * GPUs known to have no NVLink (peers over PCIe): composed; the fused kernels were
+      tuned and measured over NVLink only;
+    * otherwise composed below :data:`FUSED_FROM` (scaled by G/2: the fused kernels
+      synchronise with every peer), fused from there up.
+    """
+    if interpreted:
+        return [[None, "fused"]]
+    if world_size <= 1 or nvlink is False:
+        return [[None, "composed"]]
+    return [[FUSED_FROM[op] * world_size // 2 - 1, "composed"], [None, "fused"]]
+
+
+@functools.cache
+def load(path: str) -> dict:
+    """The path table in ``path``, checked (a RuntimeError naming the file and the fault)."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"iris.ops: cannot read the tuning table {path} ({TABLE_ENV}): {e}") from e
+    models = table.get("tables") if isinstance(table, dict) else None
+    if not isinstance(models, dict):
+        raise RuntimeError(f'iris.ops: tuning table {path}: expected {{"tables": {{GPU model: ...}}}}')
+    for model, groups in models.items():
+        for size, ops in groups.items() if isinstance(groups, dict) else [(None, None)]:
+            if not (isinstance(size, str) and size.isdigit() and isinstance(ops, dict)):
+                raise RuntimeError(
+                    f'iris.ops: tuning table {path}: {model!r} must map group sizes ("2", ...) to '
+                    f"{{op: rules}}, got {groups!r}"
+                )
+            for op, rules in ops.items():
+                if op not in OPS or not _valid(rules):
+                    raise RuntimeError(
+                        f"iris.ops: tuning table {path}: {model!r}, group size {size}: rules of {op!r} "
+                        f"must be [[max_work, path], ..., [null, path]] for an op of {list(OPS)} with "
+                        f"paths of {list(PATHS)}, got {rules!r}"
+                    )
+    return table
+
+
+def _valid(rules: object) -> bool:
+    if not isinstance(rules, list) or not rules:
+        return False
+    for i, rule in enumerate(rules):
+        if not (isinstance(rule, list) and len(rule) == 2 and rule[1] in PATHS):
+            return False
+        bound = rule[0]
+        last = i == len(rules) - 1
+        if last != (bound is None):
+            return False
+        if not last and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+            return False
+    return True
+
+
+def model_key(caps) -> str:
+    """The key of ``caps``' machine in tables: its GPU model, or :data:`INTERPRETER`."""
+    return caps.name or INTERPRETER
+
+
+def rules_for(
+    op: str, world_size: int, model: str, nvlink: bool | None, interpreted: bool
+) -> tuple[list, str]:
+    """The rules ``auto`` uses for ``op`` on ``world_size`` GPUs of ``model``, and where they
+    come from (a table's path, or ``"heuristic"``)."""
+    user = settings.text(TABLE_ENV)
+    for path in ([user] if user else []) + [str(PACKAGED_TABLE)]:
+        rules = load(path)["tables"].get(model, {}).get(str(world_size), {}).get(op)
+        if rules:
+            return rules, path
+    return heuristic_rules(op, world_size, nvlink, interpreted), "heuristic"
+
+
+def pick(rules: list, work: int) -> str:
+    """The path of the first rule of ``rules`` covering ``work``."""
+    return next(r[1] for r in rules if r[0] is None or work <= r[0])
+
+
+def path(op: str, work: int, world_size: int, device, config: Config | None) -> str:
+    """``"fused"`` or ``"composed"``: what ``op`` runs for a GEMM of ``work`` multiply-adds
+    per rank in a group of ``world_size`` on ``device`` (``config.path`` unless "auto")."""
+    check_config(config)
+    chosen = config.path if config is not None else "auto"
+    if chosen != "auto":
+        return chosen
+    caps = iris.mem.capabilities(device)
+    rules, _ = rules_for(op, world_size, model_key(caps), caps.nvlink, caps.interpreted)
+    return pick(rules, work)
+
+
+def fold(points: list[tuple[int, str]]) -> list:
+    """Rules from measured ``(work, faster path)`` points: sorted by work, neighbours with the
+    same path merged, the last one open-ended."""
+    rules: list[list] = []
+    for work, chosen in sorted(points):
+        if rules and rules[-1][1] == chosen:
+            rules[-1][0] = work
+        else:
+            rules.append([work, chosen])
+    if rules:
+        rules[-1][0] = None
+    return rules
