@@ -62,7 +62,7 @@ API_PAGES = {
     "api/mem": (
         "iris.mem", "iris.mem.triton", "iris.mem.gluon", "iris.mem.machine", "iris.mem.settings",
         "iris.mem.runtime", "iris.mem.tracing", "iris.mem.trace_format", "iris.mem.log",
-        "iris.mem.utils", "iris.mem.testing",
+        "iris.mem.utils", "iris.mem.testing", "iris.mem.watchdog",
     ),
     "api/ccl": (
         "iris.ccl", "iris.ccl.triton", "iris.ccl.triton.ll", "iris.ccl.variants", "iris.ccl.settings",

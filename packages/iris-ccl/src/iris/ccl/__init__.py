@@ -6,7 +6,7 @@ in place, others are staged through a heap of the collective's own.
 """
 
 from . import backend  # noqa: F401  (registers the "iris" torch.distributed backend)
-from ._comm import check_errors
+from ._comm import abort, check_errors
 from ._version import __version__
 from .all_gather import all_gather
 from .all_reduce import all_reduce
@@ -28,6 +28,7 @@ __all__ = [
     "ReduceOp",
     "Work",
     "__version__",
+    "abort",
     "all_gather",
     "all_reduce",
     "all_to_all",

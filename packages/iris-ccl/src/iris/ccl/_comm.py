@@ -252,6 +252,23 @@ def check_errors() -> None:
             comm.check()
 
 
+def abort(group: dist.ProcessGroup | None = None, reason: str | None = None) -> None:
+    """Stop the collectives of ``group`` (None: the default group), running ones included:
+    abort every heap they run on (:meth:`iris.mem.SymmetricHeap.abort`): iris.ccl's own heap
+    of the group, and the heaps of the caller on which its collectives ran in place. Their
+    device-side waits give up at once, and every later collective on those heaps (and any
+    other use of them) raises :class:`iris.mem.AbortedError`. For frameworks that handle
+    failures themselves; safe from any thread; this rank's own (each rank calls it, or the
+    peers' watchdogs stop them when this process exits). Close the heaps you made yourself;
+    a group whose collectives were aborted cannot be used with iris.ccl again (make a new
+    one)."""
+    key = dist.group.WORLD if group is None else group
+    if key is None:  # torch.distributed is not initialised: no collective ran
+        return
+    for comm in list(_BY_GROUP.get(key, {}).values()):
+        comm.heap.abort(reason or "iris.ccl.abort() was called")
+
+
 def close_all() -> None:
     """Close the heaps iris.ccl made for itself (also at interpreter exit)."""
     for comm in _every_communicator():

@@ -37,7 +37,7 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from iris.mem.triton.group import enter_group
-from iris.mem.utils import global_timer
+from iris.mem.utils import global_timer, keep_waiting
 
 from . import _host
 from ._plan import Plan
@@ -116,7 +116,7 @@ def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr):
     words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
     start = global_timer()
     missing = tl.sum(((words >> 32) != flag).to(tl.int32))
-    while (missing > 0) & (global_timer() - start < group.budget):
+    while (missing > 0) & keep_waiting(start, group.budget, group.status):
         words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
         missing = tl.sum(((words >> 32) != flag).to(tl.int32))
     if missing > 0:

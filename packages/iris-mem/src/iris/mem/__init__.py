@@ -15,6 +15,7 @@ settings.configure_triton()
 from ._alloc import MemoryStats  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .errors import (  # noqa: E402
+    AbortedError,
     DeviceWaitTimeout,
     HeapMismatchError,
     HeapPointerError,
@@ -28,6 +29,7 @@ from .settings import debug as debug_enabled  # noqa: E402
 from .settings import wait_budget_ns, wait_timeout  # noqa: E402
 
 __all__ = [
+    "AbortedError",
     "Capabilities",
     "DeviceWaitTimeout",
     "HeapMismatchError",

@@ -22,3 +22,18 @@ class HeapPointerError(IrisError):
 class UseAfterFreeError(IrisError, ValueError):
     """A tensor passed to Iris lies in a range of the symmetric heap that was freed (debug
     mode checks the tensors Iris's own collectives and ops are given)."""
+
+
+class AbortedError(IrisError):
+    """The symmetric heap was aborted: by :meth:`~iris.mem.SymmetricHeap.abort` (or
+    ``iris.ccl.abort``), or because a peer process of the heap exited. Device-side waits of
+    the heap stop, and every later use of the heap raises this error.
+
+    ``rank`` is the heap rank of the peer that exited (None for an abort on request);
+    ``reason`` says how it ended, or why the heap was aborted.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, reason: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.reason = reason

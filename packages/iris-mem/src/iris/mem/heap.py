@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import numbers
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +26,7 @@ from . import settings as _settings
 from ._alloc import FirstFit, MemoryStats
 from .backends import Backend, create_backend
 from .bootstrap import Communicator, ensure_initialized, node_group, resolve_group
-from .errors import HeapMismatchError, UseAfterFreeError
+from .errors import AbortedError, HeapMismatchError, UseAfterFreeError
 from .log import get_logger
 from .machine import Capabilities, capabilities, capturing
 from .runtime import exchange
@@ -105,9 +106,13 @@ class SymmetricHeap:
         self.world_size: int = self._comm.world_size
         self.heap_size: int = heap_size
         self.debug: bool = _settings.debug()
-        settings = exchange(
-            self._comm.group, "iris.mem.init", (heap_size, name, self.debug), HeapMismatchError
-        )
+        from . import watchdog
+
+        exchanged = exchange(
+            self._comm.group, "iris.mem.init", ((heap_size, name, self.debug), watchdog.identity()),
+            HeapMismatchError,
+        )  # fmt: skip
+        settings = [e[0] for e in exchanged]
         if len(set(settings)) != 1:
             table = ", ".join(
                 f"rank {r}: heap_size={s[0]} backend={s[1]} debug={s[2]}" for r, s in enumerate(settings)
@@ -124,6 +129,9 @@ class SymmetricHeap:
             )
         self._backend: Backend = create_backend(name, self._comm)
         self._closed = False
+        self._aborted: AbortedError | None = None
+        self._abort_lock = threading.Lock()
+        self._sync_states: weakref.WeakSet = weakref.WeakSet()  # stopped by abort()
         self._close_callbacks: list[Callable[[], object]] = []
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._heap, bases = self._backend.map_heaps(heap_size, self._comm)
@@ -161,6 +169,7 @@ class SymmetricHeap:
         # Peers may signal this rank's flags as soon as they leave init: zero them first.
         self._backend.synchronize()
         self._comm.barrier()
+        watchdog.watch(self, [e[1] for e in exchanged])
         _log.debug("heap: %d bytes on %s, %d ranks", heap_size, self.device, self.world_size)
 
     # ------------------------------------------------------------------ properties
@@ -233,6 +242,13 @@ class SymmetricHeap:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this SymmetricHeap is closed")
+        self._raise_if_aborted()
+
+    def _raise_if_aborted(self) -> None:
+        error = self._aborted
+        if error is not None:
+            raise AbortedError(str(error), error.rank, error.reason)
+
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, check: bool = True) -> torch.Tensor:
         """A tensor on the heap. ``check=False``: the heap's own bookkeeping (sync flags),
@@ -718,6 +734,55 @@ class SymmetricHeap:
         return result
 
     # ------------------------------------------------------------------ lifetime
+    def abort(self, reason: str | None = None) -> None:
+        """Stop this heap: every device-side wait of the kernels on it gives up, those running
+        now (spinning on a peer that will never come) included, and every later use of the
+        heap raises :class:`~iris.mem.AbortedError` (the running call raises it too).
+
+        For frameworks that handle failures themselves. Safe from any thread, while a kernel
+        spins; idempotent; :meth:`close` still releases the heap. The abort is this rank's
+        own: peers stop when they abort too, or when this process exits (their watchdogs see
+        it). The watchdog calls it when a peer process of the heap exits
+        (:mod:`iris.mem.watchdog`).
+
+        :param reason: said in the errors (default: "heap.abort() was called").
+        """
+        reason = reason or "heap.abort() was called"
+        self._abort(
+            AbortedError(
+                f"rank {self.rank}: this symmetric heap was aborted ({reason}): its device-side waits were "
+                "stopped and it cannot be used again; close it (and make a new heap to go on)",
+                None,
+                reason,
+            )
+        )
+
+    def _abort_for_peer(self, peer, how: str) -> None:
+        """The watchdog's abort: heap rank ``peer.rank``'s process exited, ``how``."""
+        self._abort(
+            AbortedError(
+                f"rank {self.rank}: rank {peer.rank} of the symmetric heap (global rank {peer.global_rank}, "
+                f"pid {peer.pid}) exited: {how}. The heap was aborted: its device-side waits were stopped "
+                "and it cannot be used again",
+                peer.rank,
+                how,
+            )
+        )
+
+    def _abort(self, error: AbortedError) -> None:
+        with self._abort_lock:
+            if self._aborted is not None or self._closed:
+                return
+            self._aborted = error  # before the waits stop: the host raises this, not a timeout
+        _log.warning("%s", error)
+        for state in list(self._sync_states):
+            state.stop()
+
+    @property
+    def aborted(self) -> bool:
+        """Whether :meth:`abort` was called (or the watchdog aborted the heap)."""
+        return self._aborted is not None
+
     def on_close(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` when :meth:`close` runs, before the heap's memory is released.
 

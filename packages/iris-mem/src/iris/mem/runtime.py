@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 STATUS_WORDS = 4
 #: ``code`` of a wait that gave up (``iris.mem.utils.record_timeout`` writes it).
 STATUS_TIMEOUT = 1
+#: ``code`` the host posts to stop every wait over the state (an aborted heap; waits poll it,
+#: see :func:`iris.mem.utils.keep_waiting`).
+STATUS_ABORTED = 2
 #: Sync slots (programs per launch) a state may have at most.
 MAX_SLOTS = 8192
 
@@ -149,6 +152,7 @@ class SyncState:
             raise
         self.member_table, self.flags, self.epochs, self.status = made
         self.member_table.copy_(torch.tensor(self.members, dtype=torch.int32))
+        heap._sync_states.add(self)  # stopped when the heap is aborted
 
     @staticmethod
     def heap_bytes(members: int, slots: int) -> int:
@@ -165,11 +169,17 @@ class SyncState:
     def capabilities(self) -> Capabilities:
         return self.heap.capabilities
 
+    def stop(self) -> None:
+        """Stop every wait of the kernels over this state, running or later ones (``status``
+        code :data:`STATUS_ABORTED`, posted without waiting for them). Any thread."""
+        self.heap._backend.post(self.status[:1], STATUS_ABORTED)
+
     def release(self, *buffers: torch.Tensor) -> None:
         """Give the state's memory (and ``buffers``, heap tensors kept beside it) back to the
         heap: collective over the heap's ranks, after a synchronisation
-        (:meth:`~iris.mem.SymmetricHeap.free`). Kernels must not use the state afterwards."""
-        if not self.heap.closed:
+        (:meth:`~iris.mem.SymmetricHeap.free`). Kernels must not use the state afterwards.
+        Nothing to give back on a closed or aborted heap."""
+        if not self.heap.closed and not self.heap.aborted:
             self.heap.free(*buffers, self.member_table, self.flags, self.epochs, self.status)
 
     def kernel_args(self) -> tuple:
@@ -207,6 +217,7 @@ class SyncState:
         """Raise the first wait timeout a kernel over this state recorded, as
         :class:`~iris.mem.DeviceWaitTimeout`, and clear it. Reads device memory: on machines
         where kernels run asynchronously, call it after synchronising."""
+        self.heap._raise_if_aborted()
         code, rank, peer, address = (int(v) for v in self.status.tolist())
         if code == 0:
             return
@@ -258,6 +269,7 @@ def launch(kernel, grid: int, state: SyncState, *args, programs: int | None = No
 __all__ = [
     "INTERPRETER_LOCK",
     "MAX_SLOTS",
+    "STATUS_ABORTED",
     "STATUS_TIMEOUT",
     "STATUS_WORDS",
     "SyncState",

@@ -27,6 +27,11 @@ Variables
     that is late by a JIT compile or a checkpoint is waited for, whatever a poll costs.
 ``IRIS_HOST_TIMEOUT``
     Seconds a host-side collective of the bootstrap waits (default 300).
+``IRIS_WATCHDOG``
+    ``0`` turns off the watchdog that aborts a heap when a peer process of the node exits
+    (default on; see :mod:`iris.mem.watchdog`).
+``IRIS_WATCHDOG_INTERVAL``
+    Seconds between the watchdog's looks at the peer processes (default 0.2, at least 0.01).
 ``IRIS_LOG_LEVEL``
     Level of the ``iris`` logger (a :mod:`logging` level name or number; default WARNING).
 ``IRIS_NODE_ID``
@@ -124,6 +129,17 @@ def positive_number(name: str, default, convert=float, unit: str = "seconds", mi
 def host_timeout() -> float:
     """Seconds a host-side collective waits (``IRIS_HOST_TIMEOUT``, default 300)."""
     return positive_number("IRIS_HOST_TIMEOUT", DEFAULT_WAIT_TIMEOUT)
+
+
+def watchdog() -> bool:
+    """Whether the watchdog runs (``IRIS_WATCHDOG``, default on). Read when a heap is made."""
+    return flag("IRIS_WATCHDOG", True)
+
+
+def watchdog_interval() -> float:
+    """Seconds between the watchdog's looks at the peers (``IRIS_WATCHDOG_INTERVAL``,
+    default 0.2, at least 0.01)."""
+    return positive_number("IRIS_WATCHDOG_INTERVAL", 0.2, minimum=0.01)
 
 
 def log_level_name() -> str | None:

@@ -109,7 +109,13 @@ def _worker(
         # tear its connections down under a peer that is still connecting.
         dist.barrier()
         try:
-            value = fn(rank, world_size, *args, **kwargs)
+            try:
+                value = fn(rank, world_size, *args, **kwargs)
+            except BaseException as e:  # tell the peers' watchdogs, as an uncaught exception would
+                from .watchdog import describe_exception, report_exit
+
+                report_exit(describe_exception(e))
+                raise
             # The rank's queued GPU work is part of its result: os._exit below would kill
             # kernels still in flight (a send whose receiver has not caught up yet).
             if torch.cuda.is_initialized():

@@ -13,9 +13,12 @@ version a kernel gets is decided when this module is imported, like the rest of
     machine.
 ``sm_id()``
     int32 id of the SM running the program (``%smid``); -1 in the interpreter.
-``wait_at_least(flag, target, budget)``
-    Poll a local flag (acquire, system scope) until it reaches ``target`` or ``budget`` ns
-    of ``global_timer()`` have passed; returns the last value read.
+``wait_at_least(flag, target, budget, status=None)``
+    Poll a local flag (acquire, system scope) until it reaches ``target``, ``budget`` ns
+    of ``global_timer()`` have passed, or the host stopped the waits of the sync state
+    ``status`` belongs to; returns the last value read.
+``keep_waiting(start, budget, status)``
+    The condition every waiting loop of Iris polls: within the budget and not stopped.
 ``record_timeout(status, rank, peer, flag)``
     Record a wait that gave up as ``[1, rank, peer, flag address]`` in an int64 ``status``
     array (unless one is recorded already), for the host to raise as ``DeviceWaitTimeout``.
@@ -30,7 +33,15 @@ import triton.language as tl
 
 from . import settings as _settings
 
-__all__ = ["global_timer", "record_timeout", "sm_id", "wait_at_least"]
+__all__ = [
+    "ABORT_POLL_NS",
+    "STATUS_ABORTED",
+    "global_timer",
+    "keep_waiting",
+    "record_timeout",
+    "sm_id",
+    "wait_at_least",
+]
 
 if _settings.interpreted():
 
@@ -64,16 +75,39 @@ else:
         )
 
 
+#: ``status[0]`` of a sync state whose waits the host stopped (``iris.mem.runtime.STATUS_ABORTED``).
+STATUS_ABORTED: tl.constexpr = tl.constexpr(2)
+#: A wait reads its state's status word only once it has waited this long (ns): waits that
+#: end sooner (nearly all) cost no extra memory access.
+ABORT_POLL_NS: tl.constexpr = tl.constexpr(20_000)
+
+
 @triton.jit
-def wait_at_least(flag, target, budget):
+def keep_waiting(start, budget, status):
+    """Whether a wait that began at ``start`` (:func:`global_timer`) may go on polling: fewer
+    than ``budget`` ns have passed and, once it has waited ``ABORT_POLL_NS``, the host has not
+    stopped the waits of its sync state (``status[0] == STATUS_ABORTED``: the heap was
+    aborted, or a peer process exited). ``status`` is the state's int64 status array;
+    None: the budget alone. Every waiting loop of Iris ends on it."""
+    elapsed = global_timer() - start
+    go = elapsed < budget
+    if status is not None:
+        late = elapsed > ABORT_POLL_NS
+        go = go & (tl.load(status, mask=late, other=0, volatile=True) != STATUS_ABORTED)
+    return go
+
+
+@triton.jit
+def wait_at_least(flag, target, budget, status=None):
     """Poll the local integer ``*flag`` (acquire, system scope: what its writer released
-    before raising it is visible after) until it is at least ``target`` or ``budget`` ns of
+    before raising it is visible after) until it is at least ``target``, or ``budget`` ns of
     :func:`global_timer` have passed (``iris.mem.wait_budget_ns()``, from
-    ``IRIS_WAIT_TIMEOUT``). Returns the last value read: below ``target`` when the wait
-    gave up, which the caller reports."""
+    ``IRIS_WAIT_TIMEOUT``), or the host stopped the waits of the sync state whose int64
+    ``status`` array is given (see :func:`keep_waiting`). Returns the last value read: below
+    ``target`` when the wait gave up, which the caller reports (:func:`record_timeout`)."""
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     start = global_timer()
-    while (seen < target) & (global_timer() - start < budget):
+    while (seen < target) & keep_waiting(start, budget, status):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     return seen
 

@@ -55,7 +55,7 @@ from iris.ccl.triton.sync import advance_launch_counter
 from iris.mem import runtime
 from iris.mem.triton.group import enter_group
 from iris.mem.triton.sync import enter_launch
-from iris.mem.utils import global_timer, record_timeout
+from iris.mem.utils import global_timer, keep_waiting, record_timeout
 
 from . import _host
 from .config import MAX_PROGRAMS
@@ -208,7 +208,7 @@ def _await(ctx, group, flag, value, peer):
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     start = global_timer()
     budget = tl.where(tl.load(group.status, volatile=True) == 0, group.budget, 0)
-    while (seen != value) & (global_timer() - start < budget):
+    while (seen != value) & keep_waiting(start, budget, group.status):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     if seen != value:
         record_timeout(group.status, ctx.rank, peer, flag)

@@ -16,7 +16,7 @@ Import it as ``iris.ccl.triton.ll``; it is not re-exported by ``iris.ccl.triton`
 import triton
 import triton.language as tl
 
-from iris.mem.utils import global_timer, record_timeout
+from iris.mem.utils import global_timer, keep_waiting, record_timeout
 
 from .._ll import _from_words, _to_words
 
@@ -47,7 +47,7 @@ def receive(ctx, group, base, offs, mask, flag, peer):
     start = global_timer()
     budget = tl.where(tl.load(group.status, volatile=True) == 0, group.budget, 0)
     missing = tl.sum((((lines >> 32) != flag) & mask).to(tl.int32))
-    while (missing > 0) & (global_timer() - start < budget):
+    while (missing > 0) & keep_waiting(start, budget, group.status):
         lines = tl.load(base + offs, mask=mask, other=0, volatile=True)
         missing = tl.sum((((lines >> 32) != flag) & mask).to(tl.int32))
     if missing > 0:

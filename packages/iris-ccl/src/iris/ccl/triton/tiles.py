@@ -10,7 +10,7 @@ this rank's heap and translated by ``ctx``.
 import triton
 import triton.language as tl
 
-from iris.mem.utils import global_timer
+from iris.mem.utils import global_timer, keep_waiting
 
 from .sync import combine, record_timeout, thread_fence
 
@@ -149,7 +149,7 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
         peer = group.rank((group.index + i) % group.size)
         held = ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys")
         start = global_timer()
-        while (held != 0) & (global_timer() - start < group.budget):
+        while (held != 0) & keep_waiting(start, group.budget, group.status):
             held = ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys")
         if held == 0:
             tl.debug_barrier()

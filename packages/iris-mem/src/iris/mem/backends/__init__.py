@@ -49,6 +49,12 @@ class Backend(abc.ABC):
         """Wait for all work this process queued on the device."""
 
     @abc.abstractmethod
+    def post(self, word: torch.Tensor, value: int) -> None:
+        """Write ``value`` into ``word`` (one int64 element of this rank's heap) now, from any
+        thread, without waiting for the work queued or running on the device: a kernel that
+        polls the word sees it while it runs."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release peer mappings and this rank's heap. Idempotent."""
 

@@ -23,6 +23,7 @@ import secrets
 import numpy as np
 import torch
 
+from .._process import exited, pid_namespace
 from ..bootstrap import Communicator
 from ..settings import interpreted
 from . import Backend
@@ -44,30 +45,10 @@ def _shm_free_bytes() -> int | None:
     return stat.f_bavail * stat.f_frsize
 
 
-def _pid_namespace() -> str | None:
-    """This process's pid namespace (the inode of ``/proc/self/ns/pid``, in hex), or None
-    where it cannot be read (orphan segments are then never removed)."""
-    try:
-        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
-    except OSError:
-        return None
-
-
-def _exited(pid: int) -> bool:
-    """Whether process ``pid`` of this pid namespace has exited (a zombie has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-    except (OSError, IndexError):
-        return False  # unreadable: assume it lives
-
-
 def segment_name() -> str:
     """A new segment name: the prefix, the pid namespace and pid of this process (so an
     orphan can be told from a live heap) and 128 random bits."""
-    namespace = _pid_namespace()
+    namespace = pid_namespace()
     owner = f"{namespace}-{os.getpid()}-" if namespace is not None else ""
     return f"/{SEGMENT_PREFIX}{owner}{secrets.token_hex(16)}"
 
@@ -76,7 +57,7 @@ def remove_orphans() -> list[str]:
     """Unlink the segments of this backend that a process of this pid namespace and user
     created and then exited without unlinking (killed before its peers learnt the name).
     Returns the names removed."""
-    namespace = _pid_namespace()
+    namespace = pid_namespace()
     if namespace is None or _posixshmem is None:
         return []
     prefix = f"{SEGMENT_PREFIX}{namespace}-"
@@ -87,7 +68,7 @@ def remove_orphans() -> list[str]:
     removed = []
     for name in names:
         pid = name[len(prefix) :].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or not _exited(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or not exited(int(pid)):
             continue
         try:
             if os.stat(os.path.join(_SHM, name)).st_uid != os.getuid():
@@ -235,6 +216,10 @@ class CpuBackend(Backend):
     def synchronize(self) -> None:
         # Interpreted kernels finish before their launch returns.
         return None
+
+    def post(self, word: torch.Tensor, value: int) -> None:
+        # Shared memory: the interpreted kernel of the main thread reads it at its next poll.
+        word.fill_(value)
 
     def close(self) -> None:
         self._unlink()

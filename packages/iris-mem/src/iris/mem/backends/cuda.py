@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import threading
 
 import torch
 
@@ -166,6 +167,7 @@ class CudaBackend(Backend):
         self._memories: list[_DeviceMemory] = []
         self._by_rank: dict[int, _DeviceMemory] = {}
         self._rank_bytes: dict[int, torch.Tensor] = {}
+        self._post_lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -221,6 +223,9 @@ class CudaBackend(Backend):
         if heap.data_ptr() != ptr:
             raise RuntimeError("torch copied the heap instead of viewing it")
         self._rank_bytes[comm.rank] = heap
+        # For post(): made now, not when a kernel spins (pinned allocation may synchronise).
+        self._post_source = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        self._post_stream = torch.cuda.Stream(self._device)
         return heap, bases
 
     def heap_bytes(self, rank: int) -> torch.Tensor:
@@ -230,6 +235,15 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self._device)
+
+    def post(self, word: torch.Tensor, value: int) -> None:
+        # A copy from pinned memory on a stream of its own runs on a copy engine beside the
+        # kernels of the other streams, even one spinning on every SM.
+        with self._post_lock, torch.cuda.device(self._device):
+            self._post_source.fill_(value)
+            with torch.cuda.stream(self._post_stream):
+                word.copy_(self._post_source, non_blocking=True)
+            self._post_stream.synchronize()
 
     def close(self) -> None:
         # Kernels still queued may use the peer mappings (a send waiting for its receiver):

@@ -97,7 +97,7 @@ def group_sync(
                 ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
         for i in tl.static_range(GROUP):
             if i != ME:
-                if wait_at_least(row + i, epoch, budget) < epoch:
+                if wait_at_least(row + i, epoch, budget, status) < epoch:
                     record_timeout(status, ctx.rank, tl.load(members + i), row + i)
         tl.debug_barrier()  # every thread reads after the acquire above
 

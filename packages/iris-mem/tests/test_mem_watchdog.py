@@ -1,0 +1,149 @@
+"""The watchdog and heap.abort(): a peer process that exits, or an abort on request, stops
+the device-side waits of the heap at once, with an error naming what happened; a peer that
+is only late is waited for. (The conftest fixture checks that /dev/shm is left clean.)"""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+import iris.mem
+from iris.mem import watchdog
+from iris.mem.testing import launch_world, run_world
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def barrier_loop_body(rank, world_size, victim, how):
+    """Device barriers in a loop; at the 4th, rank ``victim`` dies ``how``. The others return
+    (error text, seconds from the death to the error)."""
+    heap = iris.mem.init(1 << 16)
+    for i in range(1000):
+        if i == 3 and rank == victim:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ValueError("the victim gives up on purpose")
+        if i == 3:
+            died = time.monotonic()
+        try:
+            heap.device_barrier()
+        except iris.mem.AbortedError as e:
+            seconds = time.monotonic() - died
+            # The heap refuses any further use, with the same explanation.
+            with pytest.raises(iris.mem.AbortedError, match=f"rank {victim} of the symmetric heap"):
+                heap.zeros(4)
+            heap.close()  # still releases everything
+            return str(e), e.rank, seconds
+    return None
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_dead_peer_stops_the_waits_within_seconds(how):
+    """1 of 3 ranks SIGKILLed or raising mid-loop: the others end with an AbortedError
+    naming it within 10 s (the wait timeout is the default 300 s)."""
+    results = launch_world(barrier_loop_body, 3, 1, how, timeout=240)
+    assert results[1].exitcode != 0
+    for r in (results[0], results[2]):
+        assert r.ok, r.error
+        assert r.value is not None, "the loop ended without the victim"
+        message, rank, seconds = r.value
+        assert rank == 1
+        assert "rank 1 of the symmetric heap" in message and "exited" in message, message
+        if how == "raise":
+            assert "raised ValueError: the victim gives up on purpose" in message, message
+        assert seconds < 10, f"took {seconds:.1f} s"
+
+
+def late_peer_body(rank, world_size, delay):
+    heap = iris.mem.init(1 << 16)
+    heap.device_barrier()
+    if rank == 1:
+        time.sleep(delay)
+    started = time.monotonic()
+    for _ in range(3):
+        heap.device_barrier()
+    waited = time.monotonic() - started
+    heap.close()
+    return waited
+
+
+def test_late_peer_is_waited_for():
+    """A peer that is alive but sleeps before its next barrier is not taken for dead."""
+    waited = run_world(late_peer_body, 2, 4.0, timeout=180)
+    assert waited[0] >= 3.5
+
+
+@pytest.mark.full
+def test_peer_late_by_20_seconds_is_waited_for():
+    waited = run_world(late_peer_body, 3, 20.0, timeout=300)
+    assert min(waited[0], waited[2]) >= 19
+
+
+def abort_body(rank, world_size):
+    """Rank 1 never reaches the barrier; rank 0 aborts its heap from another thread while
+    its barrier kernel spins."""
+    heap = iris.mem.init(1 << 16)
+    heap.device_barrier()
+    result = None
+    if rank == 0:
+        timer = threading.Timer(1.0, heap.abort, args=("the framework gave up",))
+        started = time.monotonic()
+        timer.start()
+        try:
+            heap.device_barrier()
+        except iris.mem.AbortedError as e:
+            result = (str(e), e.reason, time.monotonic() - started, heap.aborted)
+        timer.join()
+        for use in (lambda: heap.zeros(1), heap.barrier, heap.device_barrier, lambda: heap.free()):
+            with pytest.raises(iris.mem.AbortedError, match="the framework gave up"):
+                use()
+        heap.abort()  # idempotent
+    dist.barrier()  # rank 1 lives on until rank 0 is done (its exit would abort the heap too)
+    heap.close()
+    heap.close()
+    return result
+
+
+def test_abort_stops_a_spinning_kernel_and_the_heap_refuses_use():
+    message, reason, seconds, aborted = run_world(abort_body, 2, timeout=180)[0]
+    assert "aborted (the framework gave up)" in message and reason == "the framework gave up"
+    assert aborted
+    assert 0.9 <= seconds < 5, seconds
+
+
+def report_body(rank, world_size):
+    """How a peer's end is told: its report through the store, else /proc."""
+    heap = iris.mem.init(1 << 16)
+    assert watchdog.watching() == (world_size > 1 and iris.mem.settings.watchdog())
+    peer = watchdog.Peer(rank, rank, os.getpid(), None)
+    before = watchdog.how_it_ended(peer)  # alive and silent: the generic text
+    watchdog.report_exit(watchdog.describe_exception(KeyError("x" * 400)))
+    after = watchdog.how_it_ended(peer)
+    heap.close()
+    return before, after
+
+
+def test_exit_reports():
+    before, after = run_world(report_body, 1, timeout=120)[0]
+    assert "without a word" in before
+    assert after.startswith("raised KeyError: ") and after.endswith("...") and len(after) < 330
+
+
+def off_body(rank, world_size):
+    heap = iris.mem.init(1 << 16)
+    running = watchdog.watching()
+    heap.close()
+    return running
+
+
+def test_watchdog_can_be_turned_off():
+    assert run_world(off_body, 2, timeout=120, env={"IRIS_WATCHDOG": "0"}) == [False, False]
+    with pytest.raises(ValueError, match="IRIS_WATCHDOG_INTERVAL"):
+        os.environ["IRIS_WATCHDOG_INTERVAL"] = "0"
+        try:
+            iris.mem.settings.watchdog_interval()
+        finally:
+            del os.environ["IRIS_WATCHDOG_INTERVAL"]
