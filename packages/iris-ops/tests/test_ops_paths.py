@@ -287,3 +287,41 @@ def test_composed_path_captures_in_a_cuda_graph():
     if os.environ.get("IRIS_BACKEND", "cpu") != "cuda" or torch.cuda.device_count() < 2:
         pytest.skip("GPU-only test: needs IRIS_BACKEND=cuda and 2 GPUs")
     assert_clean(run_world(graph_body, 2, timeout=WORLD_TIMEOUT), len(OPS))
+
+
+# ---------------------------------------------------------------------------- python -m iris.ops.tune
+
+
+def test_tune_writes_a_table_auto_reads(tmp_path, monkeypatch):
+    """The table ``python -m iris.ops.tune`` writes: under the model and group size, other
+    entries kept, checked before it replaces the file; ``auto`` reads it for that model."""
+    from iris.ops import _select, tune
+
+    path = str(tmp_path / "ops.json")
+    two = {"matmul_all_gather": [[1 << 30, "composed"], [None, "fused"]]}
+    tune.write_table(path, "Test GPU", 2, two, "n")
+    tune.write_table(path, "Test GPU", 4, {"matmul_all_gather": [[None, "composed"]]}, "n")
+    with pytest.raises(RuntimeError, match="paths of"):
+        tune.write_table(path, "Test GPU", 4, {"matmul_all_gather": [[None, "cublas"]]}, "n")
+    monkeypatch.setenv("IRIS_OPS_TABLE", path)
+    assert _select.rules_for("matmul_all_gather", 4, "Test GPU", True, False)[0] == [[None, "composed"]]
+    rules = _select.rules_for("matmul_all_gather", 2, "Test GPU", True, False)[0]
+    assert _select.pick(rules, 1 << 30) == "composed" and _select.pick(rules, 1 << 31) == "fused"
+
+
+@pytest.mark.full
+def test_tune_command_smoke(tmp_path):
+    """``torchrun -m iris.ops.tune --smoke`` end to end on two CPU ranks."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "ops.json"
+    env = {**os.environ, "IRIS_BACKEND": "cpu", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
+    cmd += ["iris.ops.tune", "--smoke", "--ops", "matmul_all_reduce", "--shapes", "6x40x24"]
+    cmd += ["--out", str(path)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rules = json.loads(path.read_text())["tables"]["interpreter"]["2"]["matmul_all_reduce"]
+    assert len(rules) == 1 and rules[0][0] is None and rules[0][1] in ("fused", "composed")

@@ -1,0 +1,185 @@
+"""Measure this machine and write the table ``Config(path="auto")`` of iris.ops reads.
+
+Run it on every GPU of the group size you use (one process per GPU), then point
+``IRIS_OPS_TABLE`` at the file::
+
+    torchrun --nproc-per-node 2 -m iris.ops.tune --out ~/iris-ops-table.json
+    export IRIS_OPS_TABLE=~/iris-ops-table.json
+
+For each op and shape ``M x N x K`` (M the rows of the full output, as in
+``benchmarks/ops/bench_ops.py``) it times the fused kernel and the composed path
+(``Config(path="fused")`` and ``Config(path="composed")``, outputs on a symmetric heap),
+checks that they agree, and records the faster one by the work of the GEMM one rank computes
+(``M x N x K`` multiply-adds of this rank's product). The rules go into the table under this
+machine's GPU model and group size; other entries of an existing ``--out`` file are kept.
+Timing as ``python -m iris.ccl.tune`` does it. ``--smoke``: the CPU backend, tiny shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import iris.mem
+from iris.ccl.tune import time_calls
+
+from . import _select
+
+SHAPES = [(m, 8192, 4096) for m in (1, 16, 64, 128, 256, 512, 1024, 4096, 8192)]
+SMOKE_SHAPES = [(6, 40, 24), (12, 48, 40)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def problem(op: str, m: int, n: int, k: int, world: int, heap, dtype):
+    """``(call(config), out, work)`` of ``op`` at the global shape, or None when M is not
+    divisible by the group where the op needs it."""
+    import iris.ops
+
+    dev = heap.device
+
+    def rand(*shape):
+        return torch.randn(shape, dtype=torch.float32, device=dev).to(dtype)
+
+    if op == "matmul_all_reduce":
+        a, b, out = rand(m, k), rand(k, n), heap.zeros((m, n), dtype=dtype)
+        work = m * n * k
+    elif m % world:
+        return None
+    elif op == "all_gather_matmul":
+        a, b, out = rand(m // world, k), rand(k, n), heap.zeros((m, n), dtype=dtype)
+        work = m * n * k
+    elif op == "matmul_reduce_scatter":
+        a, b, out = rand(m, k), rand(k, n), heap.zeros((m // world, n), dtype=dtype)
+        work = m * n * k
+    else:
+        a, b, out = rand(m // world, k), rand(k, n), heap.zeros((m, n), dtype=dtype)
+        work = (m // world) * n * k
+    fn = getattr(iris.ops, op)
+    return (lambda cfg: lambda: fn(out, a, b, config=cfg)), out, work
+
+
+def measure(op, shape, world, heap, dtype, rounds, calls):
+    """``(times_us by path, problem or None, work)`` of ``op`` at ``shape``."""
+    import iris.ops
+
+    made = problem(op, *shape, world, heap, dtype)
+    if made is None:
+        return {}, "M not divisible by the group size", 0
+    call, out, work = made
+    fns, results, trouble = {}, {}, None
+    for path in ("fused", "composed"):
+        fns[path] = call(iris.ops.Config(path=path))
+        try:
+            fns[path]()
+            iris.mem.synchronize(out.device)
+            results[path] = out.float().clone()
+        except Exception as e:  # noqa: BLE001 - reported, the shape is left out
+            trouble = f"{path}: {type(e).__name__}: {e}"[:300]
+    if trouble is None:
+        err = (results["fused"] - results["composed"]).abs().max().item() if out.numel() else 0.0
+        scale = results["composed"].abs().max().item() if out.numel() else 0.0
+        if not err <= 0.03 * scale + 1e-2:
+            trouble = f"the paths disagree by {err:.3g} (largest element {scale:.3g})"
+    failed = torch.tensor([trouble is not None], dtype=torch.int32, device=out.device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if failed.item():
+        return {}, trouble or "failed on another rank", work
+    return time_calls(fns, out.device, rounds, calls), None, work
+
+
+def _release() -> None:
+    import iris.ops
+
+    iris.ops.release_workspaces()
+
+
+def write_table(path: str, model: str, world: int, rules: dict[str, list], note: str) -> None:
+    """Put ``rules`` under ``model`` and ``world`` into the table at ``path`` (made, or updated
+    keeping its other entries), checked as ``auto`` will read it."""
+    table: dict = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            table = json.load(f)
+    table.setdefault("about", "iris.ops path table written by python -m iris.ops.tune (iris.ops._select)")
+    table.setdefault("tables", {}).setdefault(model, {})[str(world)] = rules
+    table.setdefault("measured", {}).setdefault(model, {})[str(world)] = note
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(table, f, indent=1)
+    try:
+        _select.load(tmp)
+    finally:
+        _select.load.cache_clear()
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m iris.ops.tune", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="the table file to write (updated when it exists)")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--ops", default=",".join(_select.OPS))
+    parser.add_argument("--shapes", default="", help="MxNxK,... (default: M = 1-8192 of 8192 x 4096)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=10, help="calls per timed round")
+    parser.add_argument("--smoke", action="store_true", help="the CPU backend, tiny shapes, one round")
+    args = parser.parse_args(argv)
+    device = iris.mem.default_device()
+    caps = iris.mem.capabilities(device)
+    if args.smoke:
+        if not caps.interpreted:
+            parser.error("--smoke runs on the CPU backend: set IRIS_BACKEND=cpu")
+        args.rounds, args.calls = 1, 1
+    if caps.streams:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        caps = iris.mem.capabilities(iris.mem.default_device())
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if caps.streams else "gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    shapes = shapes or (SMOKE_SHAPES if args.smoke else SHAPES)
+    ops = [op for op in args.ops.split(",") if op]
+    unknown = sorted(set(ops) - set(_select.OPS))
+    if unknown:
+        parser.error(f"unknown ops {unknown}; choose from {', '.join(_select.OPS)}")
+    dtype = DTYPES[args.dtype]
+    item = torch.empty((), dtype=dtype).element_size()
+    largest = max(max(m * n, m * k) for m, n, k in shapes) * item
+    heap = iris.mem.init(4 * largest + (64 << 20))
+    rules: dict[str, list] = {}
+    try:
+        for op in ops:
+            points = []
+            for shape in shapes:
+                times, trouble, work = measure(op, shape, world, heap, dtype, args.rounds, args.calls)
+                label = f"{op} {'x'.join(map(str, shape))}"
+                if rank == 0:
+                    cells = ", ".join(f"{p} {t:.1f} us" for p, t in times.items())
+                    print(f"{label}: {cells or trouble}", flush=True)
+                if times:
+                    points.append((work, min(times, key=times.get)))
+                _release()
+            if points:
+                rules[op] = _select.fold(points)
+    finally:
+        heap.close()
+    model = _select.model_key(caps)
+    if rank == 0:
+        note = (
+            f"{world} x {model}, {args.dtype}, NVLink {caps.nvlink}, torch {torch.__version__}, "
+            f"{time.strftime('%Y-%m-%d')}, shapes {shapes}, {args.rounds} rounds of {args.calls} calls"
+        )
+        write_table(args.out, model, world, rules, note)
+        print(f"wrote the rules for {world} x {model} to {args.out}: export IRIS_OPS_TABLE={args.out}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
