@@ -7,6 +7,8 @@ compute: :func:`matmul_all_reduce`, :func:`all_gather_matmul`, :func:`matmul_all
 :class:`Config`) and a reusable ``workspace`` (a :class:`Workspace`).
 :func:`all_reduce_rmsnorm` fuses the all-reduce that ends a tensor-parallel layer with the
 residual add and RMSNorm after it (its config: :class:`AllReduceRMSNormConfig`).
+:func:`moe_dispatch` and :func:`moe_combine` move mixture-of-experts tokens to the ranks of
+their experts and back, one kernel each (their config: :class:`MoEConfig`).
 """
 
 import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are interpreted
@@ -20,11 +22,14 @@ from .config import Config
 from .matmul_all_gather import matmul_all_gather
 from .matmul_all_reduce import matmul_all_reduce
 from .matmul_reduce_scatter import matmul_reduce_scatter
-from .workspace import Workspace, check_errors, release_workspaces
+from .moe import MoEConfig, MoEDispatch, check_errors, moe_combine, moe_dispatch
+from .workspace import Workspace, release_workspaces
 
 __all__ = [
     "AllReduceRMSNormConfig",
     "Config",
+    "MoEConfig",
+    "MoEDispatch",
     "Work",
     "Workspace",
     "__version__",
@@ -34,5 +39,7 @@ __all__ = [
     "matmul_all_gather",
     "matmul_all_reduce",
     "matmul_reduce_scatter",
+    "moe_combine",
+    "moe_dispatch",
     "release_workspaces",
 ]

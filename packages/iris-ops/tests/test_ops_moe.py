@@ -1,0 +1,276 @@
+"""``iris.ops.moe_dispatch`` / ``moe_combine`` against a reference built from every rank's
+inputs (gathered with ``torch.distributed.all_gather_object``: gloo on the CPU backend).
+
+Each world test starts one real world and loops over its cases inside the ranks. A case is
+a dtype, a hidden size (odd), top-k, the number of experts, a token count per rank (uneven,
+one rank with none), masked slots (-1), experts that get no token, tokens routed twice to
+one rank, and a number of calls with fresh routing each (generations and buffers reused).
+``d.tokens`` and ``d.expert_counts`` must equal the reference exactly; ``moe_combine``
+(expert outputs: each row scaled by its local expert's number) must match the fp64 sum
+within the output dtype's rounding. Bad input must raise on every rank.
+"""
+
+import pytest
+import torch
+from ops_testutils import BACKEND, assert_clean, require_world, setup_rank
+
+from iris.mem.testing import run_world
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+WORLD_TIMEOUT = 240.0
+BF, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+#: Error of the combined output relative to its largest element (rounded once to the dtype).
+TOL = {FP32: 1e-5, FP16: 2.0**-10, BF: 2.0**-7}
+
+# The default run: fp32 at a world of 1, bf16 at 3 (plus the bad-input checks in the same
+# world); every size, dtype and call count in ``tests_full``.
+CASES = {
+    1: [dict(dtype=FP32, hidden=37, k=3, experts=4, tokens=(7,), calls=2)],
+    2: [
+        dict(dtype=BF, hidden=37, k=4, experts=6, tokens=(9, 2), calls=2),
+        dict(dtype=FP16, hidden=70, k=2, experts=4, tokens=(3, 5), calls=1),
+    ],
+    3: [dict(dtype=BF, hidden=37, k=4, experts=6, tokens=(5, 0, 8), calls=2)],
+    "3 full": [
+        dict(dtype=FP32, hidden=19, k=3, experts=9, tokens=(4, 6, 3), calls=3),
+        dict(dtype=BF, hidden=37, k=2, experts=3, tokens=(1, 2, 0), calls=1),
+    ],
+    4: [
+        dict(dtype=BF, hidden=37, k=4, experts=8, tokens=(3, 7, 0, 5), calls=2),
+        dict(dtype=FP32, hidden=70, k=8, experts=12, tokens=(6, 2, 4, 1), calls=1),
+    ],
+}
+
+
+def routing(rank: int, world: int, tokens: int, k: int, experts: int, seed: int) -> torch.Tensor:
+    """``[tokens, k]`` ids: random, about a quarter masked (-1), expert ``experts - 2`` never
+    chosen (an expert with no token), token 0 routed to experts 0 and ``experts // world - 1``
+    (twice to rank 0 when it has two local experts) and the last slot of token 1 a repeat of
+    its first."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    idx = torch.randint(0, experts, (tokens, k), generator=g)
+    idx[idx == experts - 2] = 0
+    idx[torch.rand(tokens, k, generator=g) < 0.25] = -1
+    if tokens > 0 and k >= 2:
+        idx[0, 0], idx[0, 1] = 0, max(experts // world - 1, 0) if experts // world > 1 else 0
+    if tokens > 1 and k >= 3:
+        idx[1, k - 1] = idx[1, 0]
+    return idx
+
+
+def reference(xs, idxs, ws, rank: int, world: int, experts: int):
+    """(rows this rank receives, counts per local expert, this rank's combine in fp64)."""
+    local = experts // world
+    rows, counts = [], []
+    for e in range(rank * local, (rank + 1) * local):
+        n = 0
+        for q in range(world):
+            for t in range(idxs[q].shape[0]):
+                for s in range(idxs[q].shape[1]):
+                    if int(idxs[q][t, s]) == e:
+                        rows.append(xs[q][t])
+                        n += 1
+        counts.append(n)
+    x, idx, w = xs[rank], idxs[rank], ws[rank]
+    scale = torch.where(idx >= 0, idx % local + 1, 0).double()  # the test's expert: row x (local id + 1)
+    y = (x.double()[:, None, :] * (w.double() * scale)[:, :, None]).sum(1)
+    hidden = x.shape[1]
+    return (torch.stack(rows) if rows else x.new_zeros(0, hidden)), counts, y
+
+
+def moe_case(rank, world, case, dtype, hidden, k, experts, tokens, calls, config=None):
+    import torch.distributed as dist
+
+    import iris.ops
+
+    dev = setup_rank()
+    what = f"world={world} {dtype} H={hidden} k={k} E={experts} T={tokens}"
+    problems = []
+    local = experts // world
+    for call in range(calls):
+        seed = 1000 * case + call
+        g = torch.Generator().manual_seed(seed * 7 + rank)
+        x = torch.randn(tokens[rank], hidden, generator=g).to(dtype)
+        idx = routing(rank, world, tokens[rank], k, experts, seed)
+        w = torch.rand(tokens[rank], k, generator=g)
+        everyone = [None] * world
+        dist.all_gather_object(everyone, (x, idx, w))
+        xs, idxs, ws = zip(*everyone)
+        want_rows, want_counts, want_y = reference(xs, idxs, ws, rank, world, experts)
+        d = iris.ops.moe_dispatch(x.to(dev), idx.to(dev), experts, config=config)
+        label = f"{what} call {call}"
+        counts = d.expert_counts.cpu()
+        if counts.dtype != torch.int64 or counts.tolist() != want_counts:
+            problems.append(f"{label}: expert_counts {counts.dtype} {counts.tolist()} != {want_counts}")
+        got = d.tokens[: sum(want_counts)].cpu()
+        if not torch.equal(got, want_rows):
+            bad = (got != want_rows).any(1).nonzero().flatten()[:5].tolist()
+            problems.append(f"{label}: d.tokens differs from the reference at rows {bad}")
+        # the experts: row i times (its local expert + 1)
+        expert_of = torch.repeat_interleave(torch.arange(local), torch.tensor(want_counts))
+        expert_out = d.tokens.clone()
+        n = sum(want_counts)
+        expert_out[:n] = (d.tokens[:n].double() * (expert_of.to(dev)[:, None] + 1)).to(dtype)
+        y = iris.ops.moe_combine(expert_out, d, w.to(dev))
+        y = y.cpu().double()
+        atol = TOL[dtype] * max(want_y.abs().max().item() if want_y.numel() else 0.0, 1.0)
+        if y.shape != want_y.shape or not (y - want_y).abs().le(atol).all():
+            err = (y - want_y).abs().max().item() if y.shape == want_y.shape else "shape"
+            problems.append(f"{label}: moe_combine off by {err} (allowed {atol:.3g})")
+    return problems
+
+
+def matrix_body(rank, world_size, cases, errors=False):
+    import torch.distributed as dist
+
+    import iris.ops
+
+    setup_rank()
+    bad, n = [], 0
+    for i, case in enumerate(cases):
+        bad += moe_case(rank, world_size, i, **case)
+        n += 1
+    if errors:
+        bad += bad_inputs(rank, world_size)
+        n += 1
+    dist.barrier()  # every rank is done with the others' buffers before any closes its own
+    iris.ops.release_workspaces()
+    return {"bad": bad, "cases": n}
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_matches_reference(world_size):
+    """Worlds 1 and 3; at 3 also every bad input (one world for both)."""
+    require_world(world_size)
+    cases, errors = CASES[world_size], world_size == 3
+    results = run_world(matrix_body, world_size, cases, errors, timeout=WORLD_TIMEOUT)
+    assert_clean(results, len(cases) + errors)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("world_size", [2, "3 full", 4])
+def test_matches_reference_full(world_size):
+    ranks = int(str(world_size)[0])
+    require_world(ranks)
+    cases = CASES[world_size]
+    assert_clean(run_world(matrix_body, ranks, cases, timeout=WORLD_TIMEOUT), len(cases))
+
+
+def _expect(problems, what, exc, words, fn):
+    try:
+        fn()
+    except exc as e:
+        if not all(w in str(e) for w in words):
+            problems.append(f"{what}: message lacks {words}: {e}")
+        return
+    except Exception as e:  # noqa: BLE001 - reported
+        problems.append(f"{what}: raised {type(e).__name__}: {e}")
+        return
+    problems.append(f"{what}: nothing raised")
+
+
+def bad_inputs(rank, world_size) -> list[str]:
+    """Bad input raises a clear error on every rank; a call after each works."""
+    import iris.ops
+
+    dev = setup_rank()
+    bad = []
+    x = torch.randn(4 + rank, 24).to(dev)
+    idx = torch.randint(0, 6, (4 + rank, 2)).to(dev)
+    w = torch.rand(4 + rank, 2).to(dev)
+    _expect(bad, "num_experts", ValueError, ["divisible"], lambda: iris.ops.moe_dispatch(x, idx, 7))
+    _expect(bad, "rows", ValueError, ["rows"], lambda: iris.ops.moe_dispatch(x[1:], idx, 6))
+    _expect(bad, "idx dtype", TypeError, ["int64"], lambda: iris.ops.moe_dispatch(x, idx.float(), 6))
+    _expect(bad, "x dtype", TypeError, ["dtype"], lambda: iris.ops.moe_dispatch(x.double(), idx, 6))
+    wrong = idx.clone()
+    wrong[1, 1] = 6  # out of range on the last rank only: every rank is told
+    _expect(
+        bad, "expert id", ValueError, ["out of range", "6"],
+        lambda: iris.ops.moe_dispatch(x, wrong if rank == world_size - 1 else idx, 6),
+    )  # fmt: skip
+    d = iris.ops.moe_dispatch(x, idx, 6)
+    _expect(bad, "weights shape", ValueError, ["shape"], lambda: iris.ops.moe_combine(d.tokens, d, w[:, :1]))
+    _expect(bad, "weights dtype", TypeError, ["floating"], lambda: iris.ops.moe_combine(d.tokens, d, idx))
+    _expect(bad, "out dtype", TypeError, ["dtype"], lambda: iris.ops.moe_combine(d.tokens.half(), d, w))
+    y = iris.ops.moe_combine(d.tokens, d, w)
+    want = (x[:, None, :] * w[:, :, None]).sum(1)
+    if not torch.allclose(y.cpu(), want.cpu(), atol=1e-5, rtol=1e-5):
+        bad.append("combine after the errors differs from sum_k w * x")
+    _expect(bad, "combined twice", RuntimeError, ["once"], lambda: iris.ops.moe_combine(d.tokens, d, w))
+    small = iris.ops.MoEConfig(max_recv_rows=3)
+    _expect(
+        bad, "capacity", RuntimeError, ["max_recv_rows", "rows"],
+        lambda: iris.ops.moe_dispatch(x, idx, 6, config=small),
+    )  # fmt: skip
+    _expect(bad, "config", TypeError, ["MoEConfig"], lambda: iris.ops.moe_dispatch(x, idx, 6, config=1))
+    return bad
+
+
+def test_config_checks():
+    import iris.ops
+
+    with pytest.raises(ValueError, match="max_recv_rows"):
+        iris.ops.MoEConfig(max_recv_rows=-1)
+    with pytest.raises(ValueError, match="block"):
+        iris.ops.MoEConfig(block=100)
+    with pytest.raises(TypeError, match="programs"):
+        iris.ops.MoEConfig(programs=1.5)
+
+
+def graph_body(rank, world_size):
+    """CUDA graphs: dispatch, expert, combine captured once and replayed with fresh routing
+    written into the captured inputs each replay."""
+    import torch.distributed as dist
+
+    import iris.ops
+
+    dev = setup_rank()
+    bad = []
+    hidden, k, experts, tokens = 4096, 8, 16, 96 + 32 * rank
+    cfg = iris.ops.MoEConfig(max_recv_rows=world_size * k * 128)
+    x = torch.empty(tokens, hidden, dtype=BF, device=dev)
+    idx = torch.empty(tokens, k, dtype=torch.int64, device=dev)
+    w = torch.empty(tokens, k, device=dev)
+
+    def fill(seed):
+        g = torch.Generator().manual_seed(seed * 31 + rank)
+        x.copy_(torch.randn(tokens, hidden, generator=g))
+        idx.copy_(torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]))
+        idx[torch.rand(tokens, k, generator=g) < 0.2] = -1
+        w.copy_(torch.rand(tokens, k, generator=g))
+
+    def layer():
+        d = iris.ops.moe_dispatch(x, idx, experts, config=cfg)
+        return d, iris.ops.moe_combine(d.tokens * 2, d, w)
+
+    fill(0)
+    layer()  # makes the workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        d, y = layer()
+    for replay in range(1, 6):
+        fill(replay)
+        graph.replay()
+        torch.cuda.synchronize()
+        iris.ops.check_errors()
+        want = (2 * x.double()[:, None, :] * (w.double() * (idx >= 0))[:, :, None]).sum(1)
+        if not (y.double() - want).abs().le(2.0**-6 * want.abs().max()).all():
+            bad.append(f"replay {replay}: combine differs")
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, idx.cpu())
+        local = experts // world_size
+        want_counts = [
+            sum(int((i == e).sum()) for i in everyone) for e in range(rank * local, (rank + 1) * local)
+        ]
+        if d.expert_counts.tolist() != want_counts:
+            bad.append(f"replay {replay}: expert_counts {d.expert_counts.tolist()} != {want_counts}")
+    dist.barrier()
+    iris.ops.release_workspaces()
+    return {"bad": bad, "cases": 5}
+
+
+@pytest.mark.skipif(BACKEND != "cuda" or not torch.cuda.is_available(), reason="CUDA graphs need GPUs")
+def test_cuda_graph_replay_fresh_routing():
+    require_world(2)
+    assert_clean(run_world(graph_body, 2, timeout=WORLD_TIMEOUT), 5)
