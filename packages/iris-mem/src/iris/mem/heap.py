@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import settings as _settings
 from ._alloc import FirstFit, MemoryStats
@@ -42,6 +43,9 @@ CONTEXT_FLAG_DEBUG = 1
 
 #: Every open heap of this process, so a tensor can be traced back to its heap.
 _OPEN_HEAPS: weakref.WeakSet = weakref.WeakSet()
+#: Weak references to the storages of closed heaps, so :func:`check_live` refuses their
+#: tensors (they do not keep the memory alive; expired ones are dropped at each close).
+_CLOSED_STORAGES: list[StorageWeakRef] = []
 
 
 def _parse_size(size: tuple[Any, ...]) -> tuple[int, ...]:
@@ -803,6 +807,8 @@ class SymmetricHeap:
             return
         self._closed = True
         _OPEN_HEAPS.discard(self)
+        _CLOSED_STORAGES[:] = [r for r in _CLOSED_STORAGES if not r.expired()]
+        _CLOSED_STORAGES.append(StorageWeakRef(self._heap.untyped_storage()))
         callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
             try:
@@ -845,9 +851,17 @@ def heap_of(tensor: torch.Tensor) -> SymmetricHeap | None:
 
 
 def check_live(tensor: torch.Tensor, name: str = "tensor") -> None:
-    """In debug mode (``IRIS_DEBUG=1``), raise :class:`~iris.mem.UseAfterFreeError` when
-    ``tensor`` lies in a freed range of an open heap; otherwise do nothing. Libraries built
-    on iris.mem (iris.ccl, iris.ops) call it on every tensor they are given."""
+    """Raise :class:`~iris.mem.UseAfterFreeError` when ``tensor`` lies on a heap that was
+    closed (always), or in a freed range of an open heap (debug mode, ``IRIS_DEBUG=1``);
+    otherwise do nothing. Libraries built on iris.mem (iris.ccl, iris.ops) call it on every
+    tensor they are given."""
+    if _CLOSED_STORAGES and isinstance(tensor, torch.Tensor) and tensor.numel():
+        cdata = tensor.untyped_storage()._cdata
+        if any(r.cdata == cdata and not r.expired() for r in _CLOSED_STORAGES):
+            raise UseAfterFreeError(
+                f"{name} ({list(tensor.shape)}, {tensor.dtype}) lies on a symmetric heap that was closed: "
+                "its memory may be released and peers no longer map it; allocate it on an open heap"
+            )
     for heap in list(_OPEN_HEAPS):
         if heap.debug:
             heap.check_live(tensor, name)

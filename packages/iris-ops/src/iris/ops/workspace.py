@@ -9,14 +9,21 @@ call generations, see ``_sync.py``), so they can be captured in a CUDA graph and
 Its buffers live on the heap of the op's output when that output is on a symmetric heap
 spanning exactly the group (the op then writes peers' outputs in place); otherwise on a
 heap the workspace makes for itself, sized to fit, and released by :meth:`Workspace.close`.
+
+A workspace belongs to one process-group object, never to a member list: two groups with
+the same members (``dist.new_group([0, 1])`` twice) are independent streams of calls, each
+with its own flags. One on the output's heap is dropped when that heap closes
+(:meth:`iris.mem.SymmetricHeap.on_close`), so closing the heap releases its memory.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
 import iris.mem
 from iris.mem import SymmetricHeap
@@ -30,8 +37,12 @@ _log = get_logger(__name__)
 
 #: Every prepared workspace of this process (for :func:`check_errors`).
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-#: Workspaces the ops keep for calls that pass none, by signature.
-_IMPLICIT: dict[tuple, Workspace] = {}
+#: Workspaces the ops keep for calls that pass none: per process-group object (weakly: the
+#: entry goes with the group; the default group under its current ProcessGroup object), then
+#: per signature.
+_IMPLICIT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Caller heaps that drop their workspaces when they close (one on_close callback each).
+_WATCHED: weakref.WeakSet = weakref.WeakSet()
 _ALIGN = 256
 
 
@@ -53,6 +64,7 @@ class Workspace:
         self.buffers: dict[str, torch.Tensor] = {}
         self.sync: SyncState | None = None
         self._signature: tuple | None = None
+        self._group: weakref.ref | None = None  # the process-group object it serves
         self._owns_heap = False
         self._allocations: list[torch.Tensor] = []  # the heap tensors behind ``buffers``
 
@@ -69,8 +81,12 @@ class Workspace:
             self.heap.close()
         elif self.sync is not None:
             self.sync.release(*self._allocations)
+        self._forget()
+
+    def _forget(self) -> None:
+        """Unbind from the heap and group (nothing of the heap is kept)."""
         self.heap, self.buffers, self._signature, self.op, self._owns_heap = None, {}, None, None, False
-        self.sync, self._allocations = None, []
+        self.sync, self._allocations, self._group = None, [], None
         _LIVE.discard(self)
 
     def check(self) -> None:
@@ -84,6 +100,11 @@ class Workspace:
             return "Workspace(unprepared)"
         nbytes = sum(t.numel() * t.element_size() for t in self.buffers.values())
         return f"Workspace(op={self.op!r}, {nbytes} bytes on {self.heap!r})"
+
+
+def _group_key(group) -> dist.ProcessGroup:
+    """The object a workspace is bound to for ``group`` (None: the default group)."""
+    return dist.group.WORLD if group is None else group
 
 
 def _describe(signature: tuple) -> str:
@@ -106,10 +127,14 @@ def acquire(
     :param heap: the heap to allocate on (the output's), or None to make one.
     :param specs: ``(name, elements, dtype)`` of the op's buffers; flags (int32) are zeroed.
     """
+    key = _group_key(group)
     if workspace is None:
-        workspace = _IMPLICIT.get(signature)
+        table = _IMPLICIT.get(key)
+        if table is None:
+            table = _IMPLICIT[key] = {}
+        workspace = table.get(signature)
         if workspace is None or not workspace.prepared:
-            workspace = _IMPLICIT[signature] = Workspace()
+            workspace = table[signature] = Workspace()
     elif not isinstance(workspace, Workspace):
         raise TypeError(f"workspace must be an iris.ops.Workspace or None, got {type(workspace).__name__}")
     if workspace.prepared:
@@ -118,9 +143,29 @@ def acquire(
                 f"this workspace was prepared for {_describe(workspace._signature)}; this call has "
                 f"{_describe(signature)}. Use one workspace per op and signature"
             )
+        if workspace._group is None or workspace._group() is not key:
+            raise ValueError(
+                f"this workspace was prepared for another process group (ranks {list(signature[1])}): a "
+                "workspace serves one group object, and groups with the same members are independent. "
+                "Use one workspace per group"
+            )
         return workspace
     _prepare(workspace, signature, heap, group, group_size, device, specs)
+    workspace._group = weakref.ref(key)
     return workspace
+
+
+def _heap_closed(heap_ref: weakref.ref) -> None:
+    """A caller's heap closed: its workspaces forget it (their buffers, flags and views of
+    it), and the ops' own entries for it go."""
+    heap = heap_ref()
+    for workspace in list(_LIVE):
+        if workspace.heap is heap:
+            workspace._forget()
+    for table in list(_IMPLICIT.values()):
+        for signature, workspace in list(table.items()):
+            if not workspace.prepared:
+                del table[signature]
 
 
 def _prepare(workspace, signature, heap, group, group_size, device, specs) -> None:
@@ -165,6 +210,9 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
             "symmetric heap; make that heap larger, or pass an output that is not on a heap"
         ) from None
     heap.barrier()  # every rank's flags are zero before any peer can signal them
+    if not owns and heap not in _WATCHED:
+        heap.on_close(functools.partial(_heap_closed, weakref.ref(heap)))
+        _WATCHED.add(heap)
     workspace.op, workspace.heap, workspace.buffers, workspace.sync = op, heap, buffers, sync
     workspace._signature, workspace._owns_heap, workspace._allocations = signature, owns, allocations
     _log.debug(
@@ -180,8 +228,9 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
 def release_workspaces() -> None:
     """Close the workspaces the ops keep for calls made without ``workspace=`` (collective:
     every rank calls it). Also runs at interpreter exit through the heaps' finalizers."""
-    for workspace in list(_IMPLICIT.values()):
-        workspace.close()
+    for table in list(_IMPLICIT.values()):
+        for workspace in list(table.values()):
+            workspace.close()
     _IMPLICIT.clear()
 
 
