@@ -11,8 +11,11 @@
 For each op and shape (bf16 unless --dtype) it checks iris.ops' result against the
 baseline's, then times:
 
-* ``iris``: the fused op, output on a symmetric heap (used in place);
-* ``iris_gemm``: the same kernel on a group of one rank (no communication): our GEMM alone;
+* ``iris``: the op with the default ``Config()`` (``path="auto"``: the fused kernel or the
+  composed path, whichever the tuning table or the heuristic picks), output on a symmetric heap;
+* ``iris_fused``: the fused kernel (``Config(path="fused")``);
+* ``iris_composed``: torch.matmul and the iris.ccl collective (``Config(path="composed")``);
+* ``iris_gemm``: the fused kernel on a group of one rank (no communication): our GEMM alone;
 * ``nccl``: torch.matmul followed by the NCCL collective (the collective before the matmul
   for all_gather_matmul);
 * ``matmul``: torch.matmul alone, at the size the op multiplies on one rank;
@@ -157,6 +160,7 @@ class Bench:
         import iris.ops
 
         g, mm, one = self.world, torch.matmul, self.single
+        FUSED = iris.ops.Config(path="fused")  # noqa: N806
         if op == "matmul_all_reduce":
             a, b = self.randn(m, k), self.randn(k, n)
             out, ref, alone = self.empty(m, n, heap=True), self.empty(m, n), self.empty(m, n)
@@ -164,7 +168,7 @@ class Bench:
                 fused=lambda cfg: lambda: iris.ops.matmul_all_reduce(out, a, b, config=cfg), out=out,
                 nccl=lambda: (mm(a, b, out=ref), dist.all_reduce(ref)), ref=ref,
                 matmul=lambda: mm(a, b, out=ref),
-                alone=lambda: iris.ops.matmul_all_reduce(alone, a, b, group=one),
+                alone=lambda: iris.ops.matmul_all_reduce(alone, a, b, group=one, config=FUSED),
             )  # fmt: skip
         if m % g:
             return None
@@ -179,7 +183,7 @@ class Bench:
                 fused=lambda cfg: lambda: iris.ops.all_gather_matmul(out, shard, b, config=cfg), out=out,
                 nccl=lambda: (dist.all_gather_into_tensor(full, shard), mm(full, b, out=ref)), ref=ref,
                 matmul=lambda: mm(full, b, out=ref), symm=symm,
-                alone=lambda: iris.ops.all_gather_matmul(ref, full, b, group=one),
+                alone=lambda: iris.ops.all_gather_matmul(ref, full, b, group=one, config=FUSED),
             )  # fmt: skip
         if op == "matmul_reduce_scatter":
             a, b = self.randn(m, k), self.randn(k, n)
@@ -192,7 +196,7 @@ class Bench:
                 fused=lambda cfg: lambda: iris.ops.matmul_reduce_scatter(out, a, b, config=cfg), out=out,
                 nccl=lambda: (mm(a, b, out=prod), dist.reduce_scatter_tensor(ref, prod)), ref=ref,
                 matmul=lambda: mm(a, b, out=prod), symm=symm,
-                alone=lambda: iris.ops.matmul_reduce_scatter(prod, a, b, group=one),
+                alone=lambda: iris.ops.matmul_reduce_scatter(prod, a, b, group=one, config=FUSED),
             )  # fmt: skip
         a, b = self.randn(m // g, k), self.randn(k, n)
         out, ref, prod = self.empty(m, n, heap=True), self.empty(m, n), self.empty(m // g, n)
@@ -200,7 +204,7 @@ class Bench:
             fused=lambda cfg: lambda: iris.ops.matmul_all_gather(out, a, b, config=cfg), out=out,
             nccl=lambda: (mm(a, b, out=prod), dist.all_gather_into_tensor(ref, prod)), ref=ref,
             matmul=lambda: mm(a, b, out=prod),
-            alone=lambda: iris.ops.matmul_all_gather(prod, a, b, group=one),
+            alone=lambda: iris.ops.matmul_all_gather(prod, a, b, group=one, config=FUSED),
         )  # fmt: skip
 
 
@@ -228,17 +232,23 @@ def run(bench: Bench, ops, shapes, reps: int) -> tuple[list[dict], list[str]]:
     rows, failures = [], []
     for op in ops:
         for m, n, k in shapes:
-            bench.open(heap_bytes(m, n, k, 1))
+            bench.open(heap_bytes(m, n, k, 3))
             case = bench.case(op, m, n, k)
             if case is None:
                 continue
             what = f"{op} M={m} N={n} K={k}"
+            import iris.ops
+
             fused = case.fused(None)
-            problem = _check(fused, case, what)
-            if any_rank([problem is not None])[0]:
-                failures.append(problem or f"{what}: wrong result on another rank")
-                continue
             fns = {"iris": fused}
+            for path in ("fused", "composed") if DEVICE == "cuda" else ("composed",):  # smoke: auto is fused
+                fns[f"iris_{path}"] = case.fused(iris.ops.Config(path=path))
+            problems = [_check(fn, case, f"{what} {name}") for name, fn in fns.items()]
+            bad = any_rank([p is not None for p in problems])
+            if any(bad):
+                mine = [p for p in problems if p is not None]
+                failures.append(mine[0] if mine else f"{what}: wrong result on another rank")
+                continue
             for name in ("alone", "nccl", "matmul", "symm"):
                 if (fn := getattr(case, name)) is not None:
                     fns["iris_gemm" if name == "alone" else name] = fn
@@ -305,7 +315,7 @@ def _candidates(op: str, m: int, world: int):
         out += [iris.ops.Config(order=o) for o in ("peers_first", "spread")]
     if op == "all_gather_matmul":
         out += [iris.ops.Config(comm_sms=c) for c in (8, 32)]
-    return out
+    return [out[0]] + [dataclasses.replace(c, path="fused") for c in out[1:]]  # the kernel's knobs
 
 
 def _short(config) -> str:
@@ -439,13 +449,13 @@ def _report(rows, failures, args, world) -> None:
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "failures": failures}, f, indent=1)
     print(f"\n# iris.ops vs torch.matmul + NCCL, {args.dtype}, {world} x {meta['gpus'][0]} ({meta})")
-    columns = ("iris", "iris_gemm", "nccl", "matmul", "symm")
+    columns = ("iris", "iris_fused", "iris_composed", "iris_gemm", "nccl", "matmul", "symm")
     header = (
-        "iris | iris GEMM alone | matmul+NCCL | matmul | symm fused | NCCL/iris | bound | symm/iris"
-        " | iris/matmul"
+        "iris | fused | composed | iris GEMM alone | matmul+NCCL | matmul | symm fused | NCCL/iris | bound"
+        " | symm/iris | iris/matmul"
     )
     print(f"| op | M | N | K | {header} |")
-    print("|---" * 13 + "|")
+    print("|---" * 15 + "|")
     for r in rows:
         cells = " | ".join(f"{r['times_us'][c]:.1f}" if c in r["times_us"] else "-" for c in columns)
         symm = f"{r['symm_over_iris']:.2f}" if "symm_over_iris" in r else "-"
