@@ -25,7 +25,7 @@ TOL = {FP32: 1e-5, FP16: 2.0**-10, BF: 2.0**-7}
 # The default run: fp32 at a world of 1, bf16 at 3 (plus the bad-input checks in the same
 # world); every size, dtype and call count in ``tests_full``.
 CASES = {
-    1: [dict(dtype=FP32, hidden=37, k=3, experts=4, tokens=(7,), calls=2)],
+    1: [dict(dtype=FP32, hidden=37, k=3, experts=4, tokens=(7,), calls=1)],
     2: [
         dict(dtype=BF, hidden=37, k=4, experts=6, tokens=(9, 2), calls=2),
         dict(dtype=FP16, hidden=70, k=2, experts=4, tokens=(3, 5), calls=1),
@@ -120,7 +120,39 @@ def moe_case(rank, world, case, dtype, hidden, k, experts, tokens, calls, config
     return problems
 
 
-def matrix_body(rank, world_size, cases, errors=False):
+def compiled(rank, world_size) -> list[str]:
+    """The public functions under ``torch.compile(fullgraph=True, backend="aot_eager")``: one
+    frame, the two ops in the graph, the result of eager calls."""
+    import torch._dynamo.testing
+
+    import iris.ops
+
+    dev = setup_rank()
+    torch._dynamo.reset()
+    experts, g = 2 * world_size, torch.Generator().manual_seed(rank)
+    x = torch.randn(3 + rank, 21, generator=g).to(dev)
+    idx = torch.randint(-1, experts, (3 + rank, 2), generator=g).to(dev)
+    w = torch.rand(3 + rank, 2, generator=g).to(dev)
+
+    def layer(x, idx, w):
+        d = iris.ops.moe_dispatch(x, idx, experts)
+        return iris.ops.moe_combine(d.tokens * 2, d, w), d.expert_counts
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    y, counts = torch.compile(layer, fullgraph=True, backend=counter)(x, idx, w)
+    want_y, want_counts = layer(x, idx, w)
+    bad = []
+    if counter.frame_count != 1:
+        bad.append(f"compile: {counter.frame_count} frames")
+    names = {str(n.target) for gm in counter.graphs for n in gm.graph.nodes}
+    if not any("moe_dispatch" in n for n in names) or not any("moe_combine" in n for n in names):
+        bad.append(f"compile: the ops are not in the graph: {sorted(names)}")
+    if not torch.equal(counts, want_counts) or not torch.allclose(y, want_y, atol=1e-5, rtol=1e-5):
+        bad.append("compile: the compiled layer differs from the eager one")
+    return bad
+
+
+def matrix_body(rank, world_size, cases, errors=False, compile_too=False):
     import torch.distributed as dist
 
     import iris.ops
@@ -133,6 +165,9 @@ def matrix_body(rank, world_size, cases, errors=False):
     if errors:
         bad += bad_inputs(rank, world_size)
         n += 1
+    if compile_too:
+        bad += compiled(rank, world_size)
+        n += 1
     dist.barrier()  # every rank is done with the others' buffers before any closes its own
     iris.ops.release_workspaces()
     return {"bad": bad, "cases": n}
@@ -140,20 +175,22 @@ def matrix_body(rank, world_size, cases, errors=False):
 
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_matches_reference(world_size):
-    """Worlds 1 and 3; at 3 also every bad input (one world for both)."""
+    """Worlds 1 and 3; at 3 also every bad input (in the same world)."""
     require_world(world_size)
-    cases, errors = CASES[world_size], world_size == 3
-    results = run_world(matrix_body, world_size, cases, errors, timeout=WORLD_TIMEOUT)
-    assert_clean(results, len(cases) + errors)
+    cases, errors, compile_too = CASES[world_size], world_size == 3, False
+    results = run_world(matrix_body, world_size, cases, errors, compile_too, timeout=WORLD_TIMEOUT)
+    assert_clean(results, len(cases) + errors + compile_too)
 
 
 @pytest.mark.full
 @pytest.mark.parametrize("world_size", [2, "3 full", 4])
 def test_matches_reference_full(world_size):
+    """Worlds 2-4, more dtypes and calls; at 3 also the ops under torch.compile."""
     ranks = int(str(world_size)[0])
     require_world(ranks)
-    cases = CASES[world_size]
-    assert_clean(run_world(matrix_body, ranks, cases, timeout=WORLD_TIMEOUT), len(cases))
+    cases, compile_too = CASES[world_size], ranks == 3
+    results = run_world(matrix_body, ranks, cases, False, compile_too, timeout=WORLD_TIMEOUT)
+    assert_clean(results, len(cases) + compile_too)
 
 
 def _expect(problems, what, exc, words, fn):

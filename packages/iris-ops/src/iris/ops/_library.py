@@ -24,9 +24,11 @@ from iris.ccl._library import NAMESPACE, encode_config, group_name, no_async, re
 
 from .all_reduce_rmsnorm import AllReduceRMSNormConfig
 from .config import Config
+from .moe import MoEConfig
 
 register_config(Config)
 register_config(AllReduceRMSNormConfig)
+register_config(MoEConfig)
 
 
 def _group_size(group: str) -> int:
@@ -264,3 +266,69 @@ def compiled(name: str, out, *args, group=None, config=None, async_op: bool = Fa
         result = ops.matmul_reduce_scatter(a, b, bias, kw["scatter_dim"], gname, key)
     out.copy_(result)
     return None
+
+
+# --------------------------------------------------------------------------- expert parallelism
+#
+# moe_dispatch returns the receive buffer (``[capacity, H]``, its row count decided when the
+# workspace is made: a size the fake implementation declares data-dependent), the counts per
+# local expert and the positions of this rank's slots; moe_combine takes those positions back
+# and finds the dispatch they came from.
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_dispatch", mutates_args=())
+def moe_dispatch(
+    x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, group: str = "", config: str = ""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``iris.ops.moe_dispatch``: ``(tokens, expert_counts, positions)``."""
+    from . import moe
+
+    d = moe.moe_dispatch(x, topk_idx, num_experts, group=resolve_group(group), config=_cfg(config, MoEConfig))
+    moe.remember(d)
+    return d.tokens, d.expert_counts, d.positions
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_combine", mutates_args=())
+def moe_combine(
+    expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: torch.Tensor, positions: torch.Tensor,
+    num_experts: int, group: str = "", config: str = "",
+) -> torch.Tensor:  # fmt: skip
+    """``iris.ops.moe_combine`` of the dispatch that returned ``positions``."""
+    from . import moe
+
+    return moe.moe_combine(expert_out, moe.recall(positions), topk_weights)
+
+
+@moe_dispatch.register_fake
+def _(x, topk_idx, num_experts, group="", config=""):
+    rows = torch.library.get_ctx().new_dynamic_size()
+    counts = x.new_empty(num_experts // _group_size(group), dtype=torch.int64)
+    return x.new_empty(rows, x.shape[1]), counts, x.new_empty(topk_idx.shape, dtype=torch.int32)
+
+
+@moe_combine.register_fake
+def _(expert_out, topk_weights, topk_idx, positions, num_experts, group="", config=""):
+    return expert_out.new_empty(positions.shape[0], expert_out.shape[1])
+
+
+for _op in (moe_dispatch, moe_combine):
+    _op.register_effect(torch.library.EffectType.ORDERED)
+    torch.fx.node.has_side_effect(_op._opoverload)
+
+
+def compiled_moe_dispatch(x, topk_idx, num_experts, group, config):
+    """What the public ``iris.ops.moe_dispatch`` does under torch.compile."""
+    from .moe import MoEDispatch
+
+    tokens, counts, positions = torch.ops.iris.moe_dispatch(
+        x, topk_idx, num_experts, group_name(group), encode_config(config, MoEConfig)
+    )
+    return MoEDispatch(tokens, counts, positions, topk_idx, num_experts, None, 0, config, group)
+
+
+def compiled_moe_combine(expert_out, d, topk_weights):
+    """What the public ``iris.ops.moe_combine`` does under torch.compile."""
+    key = encode_config(d._cfg, MoEConfig)
+    return torch.ops.iris.moe_combine(
+        expert_out, topk_weights, d.topk_idx, d.positions, d.num_experts, group_name(d._group), key
+    )

@@ -466,6 +466,7 @@ class MoEDispatch:
     _ws: _workspace.Workspace | None = dataclasses.field(default=None, repr=False)
     _call: int = dataclasses.field(default=0, repr=False)
     _cfg: MoEConfig | None = dataclasses.field(default=None, repr=False)
+    _group: object = dataclasses.field(default=None, repr=False)
 
     @property
     def capacity(self) -> int:
@@ -487,6 +488,31 @@ class MoEDispatch:
             iris.mem.synchronize(self._ws.heap.device)
             self._ws.check()
             raise_recorded(self._ws)
+
+
+#: The latest dispatches made through ``torch.ops.iris.moe_dispatch``, by the address of
+#: their positions tensor (a few: each is combined soon after it is made).
+_MADE: dict[int, MoEDispatch] = {}
+_MAX_MADE = 64
+
+
+def remember(d: MoEDispatch) -> None:
+    """Keep ``d`` findable from its positions (for ``torch.ops.iris.moe_combine``)."""
+    _MADE.pop(d.positions.data_ptr(), None)
+    _MADE[d.positions.data_ptr()] = d
+    while len(_MADE) > _MAX_MADE:
+        _MADE.pop(next(iter(_MADE)))
+
+
+def recall(positions: torch.Tensor) -> MoEDispatch:
+    """The dispatch whose ``positions`` tensor this is."""
+    d = _MADE.get(positions.data_ptr())
+    if d is None or d.positions.shape != positions.shape:
+        raise RuntimeError(
+            "torch.ops.iris.moe_combine: positions is not what a live torch.ops.iris.moe_dispatch returned; "
+            "pass the positions of the dispatch being combined"
+        )
+    return d
 
 
 def _check_config(config: object) -> None:
@@ -656,7 +682,7 @@ def moe_dispatch(
     info.calls += 1
     if caps.interpreted:  # the kernel has finished: raise what it recorded now
         raise_recorded(ws)
-    return MoEDispatch(tokens, counts, positions, topk_idx, num_experts, ws, info.calls, cfg)
+    return MoEDispatch(tokens, counts, positions, topk_idx, num_experts, ws, info.calls, cfg, group)
 
 
 def moe_combine(expert_out: torch.Tensor, d: MoEDispatch, topk_weights: torch.Tensor) -> torch.Tensor:
