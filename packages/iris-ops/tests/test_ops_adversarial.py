@@ -82,7 +82,9 @@ def same_members_body(rank, world_size, on_heap):
     return bad, outcome
 
 
-@pytest.mark.parametrize("on_heap", [False, True], ids=["staged", "in_place"])
+@pytest.mark.parametrize(
+    "on_heap", [pytest.param(False, marks=pytest.mark.full), True], ids=["staged", "in_place"]
+)
 def test_groups_with_the_same_members_keep_their_own_workspaces(on_heap):
     """Workspaces belong to the group object: alternating calls are right, a workspace is
     refused for another group with the same members, and crossed calls give up with a
