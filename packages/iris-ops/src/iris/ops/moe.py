@@ -190,7 +190,7 @@ def _moe_dispatch_kernel(
     before = tl.zeros([EP], tl.int32)
     p = 0
     while p < programs:
-        if wait_at_least(ready + p, gen, group.budget) < gen:
+        if wait_at_least(ready + p, gen, group.budget, group.status) < gen:
             record_timeout(group.status, ctx.rank, ctx.rank, ready + p)
         hp = tl.load(hist + p * EP + ar, volatile=True)
         total += hp
