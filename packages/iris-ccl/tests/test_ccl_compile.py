@@ -44,6 +44,7 @@ FIXED = {
     "epochs": "*i32",
     "status": "*i64",
     "budget": "i64",
+    "SIG": "i32",  # the call signature barriers and ll flags carry
     "locks": "*i32",
     "launches": "*i32",
     # point-to-point mailbox (bytes) and its per-tile counters

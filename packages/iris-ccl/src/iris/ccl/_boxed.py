@@ -56,12 +56,13 @@ def _boxed_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
     PDL: tl.constexpr = False,
+    SIG=0,
 ):  # fmt: skip
     """Member ``j`` is sent ``src[j * src_stride + t]`` (``src_stride`` 0: the same data to
     everyone); member ``i``'s data ends in ``dst[i * dst_stride + t]`` (reductions: ``dst[t]``)."""
     enter_launch(PDL)
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     ntiles = tl.cdiv(n, BLOCK)
     bank = boxes + ((tl.load(launches) >> 20) & 1).to(tl.int64) * GROUP * box_stride

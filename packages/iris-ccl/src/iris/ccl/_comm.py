@@ -8,15 +8,16 @@ on first use, collectively) and copies the caller's tensors through its staging 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.mem import SymmetricHeap
+from iris.mem import CallMismatchError, SymmetricHeap, runtime
 from iris.mem.log import get_logger
 from iris.mem.runtime import MAX_SLOTS, SyncState, exchange, group_ranks
 
@@ -54,6 +55,8 @@ class Communicator:
             "and tensors of the same kind (all on a symmetric heap spanning the group, or none)",
         )  # fmt: skip
         self.capabilities = heap.capabilities
+        #: The call signature the kernels launched now publish (see :meth:`signed`).
+        self.sig = 0
         self._side_streams: list | None = None
         self._staging: dict[str, torch.Tensor] = {}
         # send/recv state, on iris.ccl's own heaps only (p2p always runs there): one mailbox
@@ -115,10 +118,26 @@ class Communicator:
         buf.copy_(src)
         return buf
 
+    @contextlib.contextmanager
+    def signed(self, what: str, **fields) -> Iterator[None]:
+        """Kernels launched inside publish the call signature of ``what`` and ``fields``
+        (:func:`iris.mem.runtime.call_signature`): what every member must pass alike."""
+        self.sig = runtime.call_signature(what, **fields)
+        try:
+            yield
+        finally:
+            self.sig = 0
+
     def check(self) -> None:
-        """Raise the first wait timeout a kernel of this communicator recorded (reads
-        device memory: after a synchronisation where kernels run asynchronously)."""
-        self.sync.check()
+        """Raise the first wait timeout or call mismatch a kernel of this communicator
+        recorded (reads device memory: after a synchronisation where kernels run
+        asynchronously). After a mismatch the members' sync slots are out of step: the
+        communicator is dropped, and the group's next collective makes a new one."""
+        try:
+            self.sync.check()
+        except CallMismatchError:
+            discard(self)
+            raise
 
     def kernel_args(self) -> tuple:
         """Leading arguments of every collective kernel (see :mod:`iris.mem.runtime`)."""
@@ -250,6 +269,18 @@ def check_errors() -> None:
         if not comm.heap.closed:
             iris.mem.synchronize(comm.device)
             comm.check()
+
+
+def discard(comm: Communicator) -> None:
+    """Forget ``comm`` (its sync state is unusable): the next collective of its group makes a
+    new one; iris.ccl's own heap under it is closed (the caller's heap keeps the state's
+    memory until it is closed)."""
+    for table in list(_BY_GROUP.values()):
+        for key, value in list(table.items()):
+            if value is comm:
+                table.pop(key, None)
+    if comm.owns_heap:
+        comm.heap.close()
 
 
 def abort(group: dist.ProcessGroup | None = None, reason: str | None = None) -> None:

@@ -61,11 +61,12 @@ _REDUCE_BLOCK = 4096
 def _barrier_kernel(
     context, members, flags, epochs, status, budget, slot,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """One program: barrier of sync slot ``slot``. Nothing remote precedes it in this
     kernel (copies before it on the stream have completed), so no fence."""
     ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME, SIG)
     group.sync(ctx, slot, False)
 
 

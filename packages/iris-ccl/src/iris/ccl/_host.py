@@ -11,7 +11,7 @@ import torch
 import triton
 
 import iris.mem
-from iris.mem import runtime
+from iris.mem import CallMismatchError, runtime
 from iris.mem.log import get_logger
 
 from . import _comm, variants
@@ -207,10 +207,14 @@ def launch(kernel, grid: int, comm: _comm.Communicator, cfg: Config, *args, **me
     if "PDL" in getattr(kernel, "arg_names", ()):
         on = pdl(comm)
         meta = {**meta, "PDL": on, "launch_pdl": on}
-    runtime.launch(
-        kernel, grid, comm.sync, *args, programs=resident_programs(comm, cfg),
-        BLOCK=cfg.block_size, num_warps=cfg.num_warps, **meta,
-    )  # fmt: skip
+    try:
+        runtime.launch(
+            kernel, grid, comm.sync, *args, programs=resident_programs(comm, cfg), sig=comm.sig,
+            BLOCK=cfg.block_size, num_warps=cfg.num_warps, **meta,
+        )  # fmt: skip
+    except CallMismatchError:
+        _comm.discard(comm)  # its sync slots are out of step on the members
+        raise
 
 
 def pdl(comm: _comm.Communicator) -> bool:

@@ -14,13 +14,18 @@ the time (``boxed``, one barrier per launch, 3.5-4.5 us at 8 KiB on H200 against
 
 Launch numbers: a launch counter (int64, the buffer's first word) that every launch adds
 exactly ``2**20`` to, split among its programs, as in ``boxed``; ``launch = counter >> 20``
-is the same for every program of a launch, its bit 0 picks the bank and
-``launch % (2**31 - 1) + 1`` is the flag (never 0, the value of a fresh buffer). A box word
-keeps the flag of the last launch that wrote it, two or more launches back in the same
-bank; a stale word could pass for a fresh one only if nothing had rewritten it for
-``2**31 - 1`` launches of its bank. As with ``boxed``, a member is never more than one
-launch ahead of a peer that still reads its boxes: the next launch's words in my boxes
-need every peer to have finished this one first.
+is the same for every program of a launch, and its bit 0 picks the bank. The flag is
+``launch % (2**15 - 1) + 1`` (never 0, the value of a fresh buffer) in its high 16 bits and
+the low 16 bits of the call's signature (:func:`iris.mem.runtime.call_signature`) in its
+low 16 bits. A receiver that finds a word of this launch with another signature stops
+waiting and records a call mismatch (the members called with different element counts,
+dtypes, reductions or variants). A box word keeps the flag of the last launch that wrote
+it, two or more launches back in the same bank; a stale word could pass for a fresh one
+only if nothing had rewritten it for ``2**15 - 1`` launches of its bank, and a receiver
+only polls words that its sender writes in the same launch unless the calls differ. As
+with ``boxed``, a member is never more than one launch ahead of a peer that still reads
+its boxes: the next launch's words in my boxes need every peer to have finished this one
+first.
 
 Element types of 1, 2, 4 or 8 bytes are packed into 32-bit words (a tile of ``BLOCK``
 words holds ``BLOCK * 4 / itemsize`` elements; the last tile of a member's data is padded),
@@ -37,7 +42,7 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from iris.mem.triton.group import enter_group
-from iris.mem.utils import global_timer, keep_waiting
+from iris.mem.utils import global_timer, keep_waiting, record_mismatch
 
 from . import _host
 from ._plan import Plan
@@ -48,8 +53,8 @@ from .variants import Variant
 _HEADER = 256
 #: What every launch adds to the launch counter (see the module docstring).
 _LAUNCH_UNIT: tl.constexpr = tl.constexpr(1 << 20)
-#: Flags run through 1 .. 2**31 - 1.
-_FLAG_PERIOD: tl.constexpr = tl.constexpr((1 << 31) - 1)
+#: Launch numbers in flags run through 1 .. 2**15 - 1 (the high 16 bits of the flag).
+_FLAG_PERIOD: tl.constexpr = tl.constexpr((1 << 15) - 1)
 
 
 @triton.jit
@@ -109,17 +114,23 @@ def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr):
     """The ``BLOCK`` words at ``box`` (this rank's memory) once every one of them carries
     ``flag`` in its high 32 bits: volatile loads of the whole tile (all in
     flight at once) until it has, for at most ``budget`` ns (then the timeout is recorded for
-    the host and the words are used as they are). Measured on 2 x H200, per-thread spinning
-    on each word (inline PTX, no barrier per poll) was slower from 512 KiB up (1 MiB
-    all_reduce 16.2 against 11.3 us): a thread's words are then waited for one after
-    another."""
+    the host and the words are used as they are). A word of this launch whose signature half
+    differs from the flag's is a call mismatch: recorded, and the wait ends. Measured on 2 x
+    H200, per-thread spinning on each word (inline PTX, no barrier per poll) was slower from
+    512 KiB up (1 MiB all_reduce 16.2 against 11.3 us): a thread's words are then waited for
+    one after another."""
     words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
     start = global_timer()
     missing = tl.sum(((words >> 32) != flag).to(tl.int32))
-    while (missing > 0) & keep_waiting(start, group.budget, group.status):
+    other = ((words >> 48) == (flag >> 16)) & (((words >> 32) & 0xFFFF) != (flag & 0xFFFF))
+    while (missing > 0) & (tl.sum(other.to(tl.int32)) == 0) & keep_waiting(start, group.budget, group.status):
         words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
         missing = tl.sum(((words >> 32) != flag).to(tl.int32))
-    if missing > 0:
+        other = ((words >> 48) == (flag >> 16)) & (((words >> 32) & 0xFFFF) != (flag & 0xFFFF))
+    if tl.sum(other.to(tl.int32)) > 0:
+        theirs = tl.max(tl.where(other, (words >> 32) & 0xFFFF, 0))
+        record_mismatch(group.status, ctx.rank, group.rank(peer), group.sig, theirs)
+    elif missing > 0:
         record_timeout(group.status, ctx.rank, group.rank(peer), box)
     return words
 
@@ -136,6 +147,7 @@ def _ll_kernel(
     box_stride,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     MODE: tl.constexpr, OP: tl.constexpr, ACC_FP32: tl.constexpr, PDL: tl.constexpr = False,
+    SIG=0,
 ):  # fmt: skip
     """Member ``j`` is sent ``src[j * src_stride + e]``, ``e < n`` (``src_stride`` 0: the
     same data to everyone); member ``i``'s data ends in ``dst[i * dst_stride + e]``
@@ -143,13 +155,13 @@ def _ll_kernel(
     consecutive elements."""
     enter_launch(PDL)
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     ELEM: tl.constexpr = src.dtype.element_ty
     TILE: tl.constexpr = BLOCK * 32 // ELEM.primitive_bitwidth
     ntiles = tl.cdiv(n, TILE)
     launch = tl.load(launches) >> 20
-    flag = launch % _FLAG_PERIOD + 1
+    flag = ((launch % _FLAG_PERIOD + 1) << 16) | (tl.cast(SIG, tl.int64) & 0xFFFF)
     bank = boxes + (launch & 1) * GROUP * box_stride
     t = pid
     while t < ntiles:

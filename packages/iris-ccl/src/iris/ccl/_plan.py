@@ -121,7 +121,9 @@ def run(
         dst.copy_(src)
     else:
         variant, plan = _fallback(variant, Plan(collective, comm, cfg, in_place, src, dst, count, rop, group))
-        variant.run(plan)
+        signature = {"count": count, "dtype": src.dtype, "op": plan.op_value, "variant": plan.cfg.variant}
+        with comm.signed(collective, **signature):
+            variant.run(plan)
     _host.copy_back(out, dst)
     return _host.finish(comm, async_op)
 

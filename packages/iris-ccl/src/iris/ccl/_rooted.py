@@ -30,6 +30,7 @@ def _rooted_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, root,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     KIND: tl.constexpr, OP: tl.constexpr = "sum", ACC_FP32: tl.constexpr = True,
+    SIG=0,
 ):  # fmt: skip
     """Persistent: program ``p`` moves tiles ``p, p + P, ...`` of ``n`` elements (the same
     program on every member) with the tile collective ``KIND``, member ``root`` (a group
@@ -41,7 +42,7 @@ def _rooted_kernel(
     * ``"gather"``: on ``root``, ``dst[m * n_per_rank + i] = src_m[i]`` for every member ``m``.
     """
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     t = pid
     while t < tl.cdiv(n, BLOCK):
@@ -66,12 +67,15 @@ def run(
     ``(src, dst, n_per_rank, done)``: kernel pointers (on the heap where peers reach them) and
     what to do after the launch (a copy out of staging), or None."""
     per_launch = _host.max_elements(cfg, itemsize, not in_place, comm)
-    for start, length in _host.chunks(n, per_launch):
-        src, dst, n_per_rank, done = buffers(start, length)
-        grid = _host.persistent_grid(comm, cfg, length)
-        _host.launch(_rooted_kernel, grid, comm, cfg, src, dst, length, n_per_rank, root, KIND=kind, **meta)
-        if done is not None:
-            done()
+    fields = {"count": n, "itemsize": itemsize, "root": root, "op": meta.get("OP"), "variant": cfg.variant}
+    with comm.signed(kind, **fields):
+        for start, length in _host.chunks(n, per_launch):
+            src, dst, n_per_rank, done = buffers(start, length)
+            grid = _host.persistent_grid(comm, cfg, length)
+            args = (src, dst, length, n_per_rank, root)
+            _host.launch(_rooted_kernel, grid, comm, cfg, *args, KIND=kind, **meta)
+            if done is not None:
+                done()
 
 
 def execute(

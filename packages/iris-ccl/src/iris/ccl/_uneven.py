@@ -157,6 +157,7 @@ def _uneven_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     LL_BLOCK: tl.constexpr, PUSH: tl.constexpr, DIRECT: tl.constexpr, HINT: tl.constexpr,
     PDL: tl.constexpr = False,
+    SIG=0,
 ):  # fmt: skip
     """One uneven all_to_all (module docstring). ``table`` (int64 rows, ``[4, GROUP]``):
     send offsets, send counts, receive offsets, receive counts per member; ``row`` elements
@@ -172,7 +173,7 @@ def _uneven_kernel(
     writes bank ``B`` without a barrier, never overwrites a box still being read."""
     enter_launch(PDL)
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     ELEM: tl.constexpr = src.dtype.element_ty
     TILE: tl.constexpr = LL_BLOCK * 32 // ELEM.primitive_bitwidth  # elements per ll tile
@@ -521,9 +522,12 @@ def _launch(comm, cfg: Config, ll_words: int, src, dst, in_rows, out_rows, row, 
     table = split_table(
         src.device, [*_offsets(in_rows), *in_rows, *_offsets(out_rows), *out_rows]
     )  # fmt: skip
-    _host.launch(
-        _uneven_kernel, _host.resident_programs(comm, cfg), comm, cfg,
-        (user or comm).heap.get_device_context(), src, dst, table, boxes, region[:8].view(torch.int64),
-        slots, buf[:8].view(torch.int32), row, ll_limit, box_stride, stride,
-        LL_BLOCK=ll_words, PUSH=bulk != "pull", DIRECT=user is not None, HINT=_host.vector_hint((remote,)),
-    )  # fmt: skip
+    # Split sizes differ between ranks by design; what must agree is signed.
+    with comm.signed("all_to_all (uneven splits)", dtype=src.dtype, row=row, variant=cfg.variant):
+        _host.launch(
+            _uneven_kernel, _host.resident_programs(comm, cfg), comm, cfg,
+            (user or comm).heap.get_device_context(), src, dst, table, boxes, region[:8].view(torch.int64),
+            slots, buf[:8].view(torch.int32), row, ll_limit, box_stride, stride,
+            LL_BLOCK=ll_words, PUSH=bulk != "pull", DIRECT=user is not None,
+            HINT=_host.vector_hint((remote,)),
+        )  # fmt: skip

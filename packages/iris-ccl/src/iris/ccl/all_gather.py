@@ -50,13 +50,16 @@ def _exchange_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank, src_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     PUSH: tl.constexpr, HINT: tl.constexpr = None,
+    SIG=0,
 ):  # fmt: skip
     """Persistent: program ``p`` pushes (``PUSH``: stores its input into every member's
     output) or pulls (loads every member's input; ``src_per_rank``: see
     :func:`~iris.ccl.triton.tiles.all_gather_pull`) tiles ``p, p + P, ...`` between one start
     and one end barrier (which orders the remote stores before it: a CTA barrier and a
     release)."""
-    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    )
     t = pid
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:

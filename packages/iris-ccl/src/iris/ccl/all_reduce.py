@@ -64,12 +64,13 @@ def _one_shot_kernel(
     context, members, flags, epochs, status, budget, src, dst, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr, ALIASED: tl.constexpr, HINT: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """Persistent: program ``p`` reduces tiles ``p, p + P, ...`` between one start and one
     end barrier. ``ALIASED`` (``dst`` overlaps ``src``): a barrier pair per tile instead,
     so no member overwrites a tile a peer may still be reading."""
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     if not ALIASED:
         group.sync(ctx, pid, False)
@@ -88,12 +89,15 @@ def _two_shot_kernel(
     context, members, flags, epochs, status, budget, src, dst, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """Persistent: between one start and one end barrier, program ``p`` reduces and pushes
     the tiles this member owns (``t % GROUP == ME``), ``t = ME + GROUP (p + k P)``: every
     program has owned tiles whatever ``P`` (with ``t = p + k P`` and an even ``P``, half of
     the programs of each member would own none)."""
-    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    )
     t = ME + pid * GROUP
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
@@ -108,6 +112,7 @@ def _two_shot_push_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, chunk,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """Two-shot all-reduce in which only stores cross the link. ``src`` and ``dst`` hold
     ``GROUP`` chunks of ``chunk`` elements; member ``j`` owns chunk ``j``. Program ``p``
@@ -125,7 +130,7 @@ def _two_shot_push_kernel(
     ``src`` is read locally only (any memory); ``dst`` is on the heap and must not overlap
     ``src``."""
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     ntiles = tl.cdiv(chunk, BLOCK)
     mine = tl.cast(ME, tl.int64) * chunk
@@ -164,9 +169,10 @@ def _ring_kernel(
     context, members, flags, epochs, status, budget, src, part, dst, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     programs = tl.num_programs(0)
     t = pid  # persistent: groups of GROUP tiles pid, pid + P, ... (the same program on every member)
@@ -180,9 +186,10 @@ def _atomic_kernel(
     context, members, flags, epochs, status, budget, src, acc, locks, n,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     LOCKED: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     programs = tl.num_programs(0)
     ntiles = tl.cdiv(n, BLOCK)

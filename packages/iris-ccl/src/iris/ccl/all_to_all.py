@@ -49,11 +49,14 @@ def _exchange_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, src_per_rank, dst_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     PUSH: tl.constexpr, HINT: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """Persistent: program ``p`` pushes (``PUSH``: stores remotely) or pulls (loads
     remotely) tiles ``p, p + P, ...`` of every chunk between one start and one end barrier
     (which orders the remote stores before it: a CTA barrier and a release)."""
-    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    )
     t = pid
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:

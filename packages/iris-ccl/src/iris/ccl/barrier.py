@@ -24,10 +24,11 @@ from .work import Work
 def _barrier_kernel(
     context, members, flags, epochs, status, budget,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """Barrier of sync slot 0 across the group's members."""
     ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME, SIG)
     group.sync(ctx, 0)
 
 
@@ -50,5 +51,6 @@ def barrier(group=None, async_op: bool = False, *, config: Config | None = None)
     comm = _comm.own(group, iris.mem.default_device())
     if comm.size > 1:
         cfg = select("barrier", 0, comm.size, comm.capabilities.interpreted, config)
-        _host.launch(_barrier_kernel, 1, comm, cfg)
+        with comm.signed("barrier"):
+            _host.launch(_barrier_kernel, 1, comm, cfg)
     return _host.finish(comm, async_op)

@@ -46,10 +46,13 @@ def _pull_kernel(
     context, members, flags, epochs, status, budget, src, dst, n, n_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """Persistent: program ``p`` reduces tiles ``p, p + P, ...`` of this rank's chunk
     between one start and one end barrier."""
-    ctx, group, pid = enter_group(context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME)
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    )
     t = pid
     ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
@@ -66,11 +69,12 @@ def _push_kernel(
     context, members, flags, epochs, status, budget, src, dst, ws, n, n_per_rank,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK: tl.constexpr,
     OP: tl.constexpr, ACC_FP32: tl.constexpr, HINT: tl.constexpr,
+    SIG=0,
 ):  # fmt: skip
     """Persistent: program ``p`` pushes its tiles ``p, p + P, ...`` into the members'
     workspaces, then (after a barrier) reduces the same tiles of its own workspace."""
     ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False, SIG
     )
     ntiles = tl.cdiv(n, BLOCK)
     group.sync(ctx, pid, False)

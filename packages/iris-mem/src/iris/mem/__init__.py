@@ -16,6 +16,7 @@ from ._alloc import MemoryStats  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .errors import (  # noqa: E402
     AbortedError,
+    CallMismatchError,
     DeviceWaitTimeout,
     HeapMismatchError,
     HeapPointerError,
@@ -30,6 +31,7 @@ from .settings import wait_budget_ns, wait_timeout  # noqa: E402
 
 __all__ = [
     "AbortedError",
+    "CallMismatchError",
     "Capabilities",
     "DeviceWaitTimeout",
     "HeapMismatchError",

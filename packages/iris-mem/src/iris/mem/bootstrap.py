@@ -25,6 +25,20 @@ def host_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=settings.host_timeout())
 
 
+def job_store():
+    """The key-value store of the default process group (the job's rendezvous store), or
+    None when torch.distributed is not initialised or has none. For small records peers
+    read on rare occasions (how a process ended, what a call signature stands for)."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        if not dist.is_initialized():
+            return None
+        return distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store: the records are best effort
+        return None
+
+
 def ensure_initialized(backend: str) -> bool:
     """Initialise the default process group if the caller has not.
 

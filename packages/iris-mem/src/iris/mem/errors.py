@@ -15,6 +15,20 @@ class DeviceWaitTimeout(IrisError):
     """A device-side wait (barrier, flag) gave up after ``IRIS_WAIT_TIMEOUT`` seconds."""
 
 
+class CallMismatchError(IrisError):
+    """Ranks made different calls over one group (another collective or op, element count,
+    dtype, reduction, root or variant) where they had to make the same one: the kernels saw
+    it on the device and stopped waiting. The message names both calls.
+
+    ``rank`` and ``peer`` are the heap ranks that disagreed; ``mine`` and ``theirs`` the two
+    calls as described by the library that made them.
+    """
+
+    def __init__(self, message: str, rank: int = -1, peer: int = -1, mine: str = "", theirs: str = ""):
+        super().__init__(message)
+        self.rank, self.peer, self.mine, self.theirs = rank, peer, mine, theirs
+
+
 class HeapPointerError(IrisError):
     """A translated pointer falls outside the target rank's heap (debug mode)."""
 

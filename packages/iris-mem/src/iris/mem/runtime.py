@@ -17,6 +17,7 @@ group's size and this rank's index in it). ``iris.mem.triton.Group.initialize`` 
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from . import settings
-from .errors import DeviceWaitTimeout, IrisError
+from .bootstrap import job_store
+from .errors import CallMismatchError, DeviceWaitTimeout, IrisError
 from .machine import Capabilities
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ STATUS_TIMEOUT = 1
 #: ``code`` the host posts to stop every wait over the state (an aborted heap; waits poll it,
 #: see :func:`iris.mem.utils.keep_waiting`).
 STATUS_ABORTED = 2
+#: ``code`` of a barrier that found a peer making another call (``record_mismatch`` writes it).
+STATUS_MISMATCH = 3
 #: Sync slots (programs per launch) a state may have at most.
 MAX_SLOTS = 8192
 
@@ -111,10 +115,11 @@ def exchange(
 
 
 def _layout(members: int, slots: int) -> tuple[tuple[int, torch.dtype], ...]:
-    """``(elements, dtype)`` of a state's arrays: member table, flags, generations, status."""
+    """``(elements, dtype)`` of a state's arrays: member table, flags (per slot: a flag per
+    member, then two call signatures per member), generations, status."""
     return (
         (members, torch.int32),
-        (slots * members, torch.int32),
+        (slots * members * 3, torch.int32),
         (slots, torch.int32),
         (STATUS_WORDS, torch.int64),
     )
@@ -159,7 +164,7 @@ class SyncState:
         """Bytes of a heap that a state of ``members`` ranks and ``slots`` sync slots takes:
         its member table, flags, generations and status words, each rounded up to the heap's
         alignment (256 bytes). A collective's communicator (8192 slots) over 2, 3, 4 or 8
-        ranks takes 96.5, 128.5, 160.5 or 288.5 KiB; the heap's device barrier (1 slot) 1 KiB."""
+        ranks takes 224.5, 320.5, 416.5 or 800.5 KiB; the heap's device barrier (1 slot) 1 KiB."""
         from .heap import ALIGNMENT
 
         sizes = (numel * dtype.itemsize for numel, dtype in _layout(members, slots))
@@ -207,8 +212,8 @@ class SyncState:
         offset = address - self.flags.data_ptr()
         if not 0 <= offset < self.flags.numel() * self.flags.element_size():
             return where
-        slot = offset // self.flags.element_size() // self.size
-        published = self.flags[slot * self.size : (slot + 1) * self.size].tolist()
+        slot = offset // self.flags.element_size() // (3 * self.size)
+        published = self.flags[3 * slot * self.size : (3 * slot + 1) * self.size].tolist()
         generation = int(self.epochs[slot])
         published[self.index] = generation
         return f"{where}: sync slot {slot}, generation {generation} here, members published {published}"
@@ -217,17 +222,102 @@ class SyncState:
         """Raise the first wait timeout a kernel over this state recorded, as
         :class:`~iris.mem.DeviceWaitTimeout`, and clear it. Reads device memory: on machines
         where kernels run asynchronously, call it after synchronising."""
-        self.heap._raise_if_aborted()
         code, rank, peer, address = (int(v) for v in self.status.tolist())
+        if self.heap.aborted:
+            # Raise when a wait of the launch was cut short (or the status cannot tell); a launch
+            # that completed before the abort (a peer that exited after its last call) stands.
+            if code != STATUS_ABORTED or any((rank, peer, address)):
+                self.heap._raise_if_aborted()
+            return
         if code == 0:
             return
         self.status.zero_()
+        if code == STATUS_MISMATCH:
+            self._raise_mismatch(rank, peer, address)
         if code != STATUS_TIMEOUT:
             raise DeviceWaitTimeout(f"rank {rank}: {self.what}: device-side wait failed with code {code}")
         raise DeviceWaitTimeout(
             f"rank {rank}: {self.what} gave up waiting for rank {peer} ({self.describe(address)}) after "
             f"IRIS_WAIT_TIMEOUT={settings.wait_timeout():g} s; {self.advice}"
         )
+
+    def _raise_mismatch(self, packed: int, peer: int, theirs: int) -> None:
+        rank, mine = packed & 0xFFFFFFFF, packed >> 32
+        mine_text, theirs_text = describe_signature(mine), describe_signature(theirs)
+        raise CallMismatchError(
+            f"rank {rank}: {self.what}: this rank called {mine_text}, but rank {peer} called {theirs_text}. "
+            f"{self.advice}",
+            rank,
+            peer,
+            mine_text,
+            theirs_text,
+        )
+
+
+#: Signature -> description of the calls this process made (bounded: the oldest go first).
+_DESCRIPTIONS: dict[int, str] = {}
+_SIGNATURES: dict[tuple, int] = {}
+_MAX_SIGNATURES = 4096
+_SIGNATURE_KEY = "iris/call"
+
+
+def call_signature(what: str, **fields: Any) -> int:
+    """The signature of a call that every member of a group must make alike: a positive
+    int32 hash of ``what`` ("all_reduce", ...) and ``fields`` (element count, dtype,
+    reduction, root, variant...), which kernels publish with their barriers and flags
+    (:func:`launch`'s ``sig``). A rank that sees a peer's differ raises
+    :class:`~iris.mem.CallMismatchError` naming both calls: the description of each new
+    signature is recorded once in the job's store, so that peers can name it."""
+    key = (what, *sorted(fields.items()))
+    sig = _SIGNATURES.get(key)
+    if sig is not None:
+        return sig
+    text = what + "(" + ", ".join(f"{k}={_field(v)}" for k, v in sorted(fields.items())) + ")"
+    sig = (zlib.crc32(text.encode()) & 0x7FFFFFFF) | 1  # odd: never specialised as divisible by 16
+    if sig == 1:  # kernels specialise an argument equal to 1: keep every signature one kind
+        sig = 3
+    if len(_SIGNATURES) >= _MAX_SIGNATURES:
+        _SIGNATURES.pop(next(iter(_SIGNATURES)))
+        _DESCRIPTIONS.pop(next(iter(_DESCRIPTIONS)), None)
+    _SIGNATURES[key] = sig
+    if sig not in _DESCRIPTIONS:
+        _DESCRIPTIONS[sig] = text
+        store = job_store()
+        if store is not None:
+            try:
+                store.set(_store_key(sig), text)
+            except Exception:  # noqa: BLE001 - the description is for messages only
+                pass
+    return sig
+
+
+def _field(value: Any) -> str:
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else str(value)
+
+
+def _store_key(sig: int) -> str:
+    # By the low 16 bits: flags in data carry only those (iris.ccl's ll variant).
+    return f"{_SIGNATURE_KEY}/{sig & 0xFFFF:04x}"
+
+
+def describe_signature(sig: int) -> str:
+    """What call ``sig`` stands for (or ``sig``'s low 16 bits, all that flags in data
+    carry): this process's own, else as the peer that made it recorded it in the job's
+    store, else the number."""
+    if sig == 0:
+        return "a call that publishes no signature"
+    text = _DESCRIPTIONS.get(sig)
+    if text is None and sig <= 0xFFFF:
+        text = next((t for s, t in _DESCRIPTIONS.items() if s & 0xFFFF == sig), None)
+    if text is None:
+        store = job_store()
+        try:
+            key = _store_key(sig)
+            if store is not None and store.check([key]):
+                text = store.get(key).decode(errors="replace")
+        except Exception:  # noqa: BLE001 - the number will do
+            text = None
+    return text or f"another call (signature {sig:#x})"
 
 
 #: Held while :func:`launch` runs a kernel in Triton's interpreter (``capabilities.interpreted``):
@@ -237,7 +327,9 @@ class SyncState:
 INTERPRETER_LOCK = threading.RLock()
 
 
-def launch(kernel, grid: int, state: SyncState, *args, programs: int | None = None, **meta) -> None:
+def launch(
+    kernel, grid: int, state: SyncState, *args, programs: int | None = None, sig: int = 0, **meta
+) -> None:
     """Launch ``kernel`` on ``grid`` programs with ``state``'s leading arguments and
     constexprs, then ``args`` and ``meta``.
 
@@ -245,15 +337,19 @@ def launch(kernel, grid: int, state: SyncState, *args, programs: int | None = No
     exceed the resident programs of the device (``programs`` when the caller chose fewer):
     a waiting program could otherwise hold the SM its peer's twin needs. A kernel with a
     ``PDL`` constexpr that the caller leaves unset gets programmatic dependent launch where
-    the device has it. Where kernels finish before the launch returns (the interpreter), a
-    wait timeout they recorded is raised at once, and launches from several threads of the
-    process run one after another (:data:`INTERPRETER_LOCK`).
+    the device has it. A kernel with a ``SIG`` argument gets ``sig``, the call's
+    :func:`call_signature`, which its barriers compare across the members. Where kernels
+    finish before the launch returns (the interpreter), a wait timeout or mismatch they
+    recorded is raised at once, and launches from several threads of the process run one
+    after another (:data:`INTERPRETER_LOCK`).
     """
     caps = state.capabilities
     limit = min(state.slots, programs or caps.resident_programs)
     if not 1 <= grid <= limit:
         name = getattr(kernel, "__name__", kernel)
         raise RuntimeError(f"internal: {grid} programs of {name} exceed the {limit} that may wait on peers")
+    if sig and "SIG" in getattr(kernel, "arg_names", ()):
+        meta = {**meta, "SIG": sig}
     if "PDL" in getattr(kernel, "arg_names", ()) and "PDL" not in meta:
         meta = {**meta, "PDL": caps.pdl, "launch_pdl": caps.pdl}
     elif meta.get("PDL"):
@@ -270,9 +366,12 @@ __all__ = [
     "INTERPRETER_LOCK",
     "MAX_SLOTS",
     "STATUS_ABORTED",
+    "STATUS_MISMATCH",
     "STATUS_TIMEOUT",
     "STATUS_WORDS",
     "SyncState",
+    "call_signature",
+    "describe_signature",
     "exchange",
     "group_index",
     "group_ranks",

@@ -19,6 +19,8 @@ version a kernel gets is decided when this module is imported, like the rest of
     ``status`` belongs to; returns the last value read.
 ``keep_waiting(start, budget, status)``
     The condition every waiting loop of Iris polls: within the budget and not stopped.
+``record_mismatch(status, rank, peer, mine, theirs)``
+    Record that ``peer`` made another call (its call signature ``theirs``, not ``mine``).
 ``record_timeout(status, rank, peer, flag)``
     Record a wait that gave up as ``[1, rank, peer, flag address]`` in an int64 ``status``
     array (unless one is recorded already), for the host to raise as ``DeviceWaitTimeout``.
@@ -36,8 +38,10 @@ from . import settings as _settings
 __all__ = [
     "ABORT_POLL_NS",
     "STATUS_ABORTED",
+    "STATUS_MISMATCH",
     "global_timer",
     "keep_waiting",
+    "record_mismatch",
     "record_timeout",
     "sm_id",
     "wait_at_least",
@@ -77,6 +81,8 @@ else:
 
 #: ``status[0]`` of a sync state whose waits the host stopped (``iris.mem.runtime.STATUS_ABORTED``).
 STATUS_ABORTED: tl.constexpr = tl.constexpr(2)
+#: ``status[0]`` of a sync state on which ranks made different calls (:func:`record_mismatch`).
+STATUS_MISMATCH: tl.constexpr = tl.constexpr(3)
 #: A wait reads its state's status word only once it has waited this long (ns): waits that
 #: end sooner (nearly all) cost no extra memory access.
 ABORT_POLL_NS: tl.constexpr = tl.constexpr(20_000)
@@ -85,15 +91,16 @@ ABORT_POLL_NS: tl.constexpr = tl.constexpr(20_000)
 @triton.jit
 def keep_waiting(start, budget, status):
     """Whether a wait that began at ``start`` (:func:`global_timer`) may go on polling: fewer
-    than ``budget`` ns have passed and, once it has waited ``ABORT_POLL_NS``, the host has not
-    stopped the waits of its sync state (``status[0] == STATUS_ABORTED``: the heap was
-    aborted, or a peer process exited). ``status`` is the state's int64 status array;
+    than ``budget`` ns have passed and, once it has waited ``ABORT_POLL_NS``, the waits of its
+    sync state were not stopped: by the host (``status[0] == STATUS_ABORTED``: the heap was
+    aborted, or a peer process exited) or by a call that does not match the peers'
+    (``STATUS_MISMATCH``, :func:`record_mismatch`). ``status`` is the state's int64 status array;
     None: the budget alone. Every waiting loop of Iris ends on it."""
     elapsed = global_timer() - start
     go = elapsed < budget
     if status is not None:
         late = elapsed > ABORT_POLL_NS
-        go = go & (tl.load(status, mask=late, other=0, volatile=True) != STATUS_ABORTED)
+        go = go & (tl.load(status, mask=late, other=0, volatile=True) < STATUS_ABORTED)
     return go
 
 
@@ -115,10 +122,30 @@ def wait_at_least(flag, target, budget, status=None):
 @triton.jit
 def record_timeout(status, rank, peer, flag):
     """Record ``[1, rank, peer, flag address]`` in the int64 ``status`` array unless an
-    error is already recorded there (the host raises it as ``DeviceWaitTimeout``). Scalars
+    error is already recorded there (the host raises it as ``DeviceWaitTimeout``); on a
+    state the host stopped (``STATUS_ABORTED``), mark instead that a wait was cut short
+    (``status[1] = 1``: the launch's results are incomplete). Scalars
     are made with ``tl.cast`` (no layout needed), so Gluon kernels compile this too."""
     code = tl.cast(1, tl.int64)
-    if tl.atomic_cas(status, code - 1, code, sem="relaxed", scope="gpu") == 0:
+    old = tl.atomic_cas(status, code - 1, code, sem="relaxed", scope="gpu")
+    if old == 0:
         tl.store(status + 1, tl.cast(rank, tl.int64))
         tl.store(status + 2, tl.cast(peer, tl.int64))  # an argument equal to 1 arrives as a constexpr
         tl.store(status + 3, flag.to(tl.int64, bitcast=True))
+    elif old == STATUS_ABORTED:  # the host stopped the waits: say that this one was cut short
+        tl.store(status + 1, code)
+
+
+@triton.jit
+def record_mismatch(status, rank, peer, mine, theirs):
+    """Record ``[STATUS_MISMATCH, rank + (mine << 32), peer, theirs]`` in the int64 ``status``
+    array unless an error is already recorded there: this call's signature is ``mine``,
+    member ``peer`` published ``theirs`` (int32 signatures, see
+    :func:`iris.mem.runtime.call_signature`). The host raises it as
+    :class:`~iris.mem.CallMismatchError`; meanwhile the waits over the state stop
+    (:func:`keep_waiting`)."""
+    code = tl.cast(STATUS_MISMATCH, tl.int64)
+    if tl.atomic_cas(status, tl.cast(0, tl.int64), code, sem="relaxed", scope="gpu") == 0:
+        tl.store(status + 1, tl.cast(rank, tl.int64) + (tl.cast(mine, tl.int64) << 32))
+        tl.store(status + 2, tl.cast(peer, tl.int64))
+        tl.store(status + 3, tl.cast(theirs, tl.int64))

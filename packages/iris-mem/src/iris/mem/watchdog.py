@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import _process, settings
+from .bootstrap import job_store
 
 if TYPE_CHECKING:
     from .heap import SymmetricHeap
@@ -143,19 +144,6 @@ def how_it_ended(peer: Peer) -> str:
 
 
 # --------------------------------------------------------------------------- reports
-def _store():
-    """The default process group's store, or None."""
-    try:
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d
-
-        if not dist.is_initialized():
-            return None
-        return distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - no store, no report
-        return None
-
-
 def _key(pid: int) -> str:
     return f"{_REPORT_KEY}/{_process.pid_namespace()}/{pid}"
 
@@ -168,7 +156,7 @@ def report_exit(how: str) -> None:
     global _reported
     if _reported:
         return
-    store = _store()
+    store = job_store()
     if store is None:
         return
     try:
@@ -187,7 +175,7 @@ def describe_exception(exc: BaseException) -> str:
 
 
 def _read_report(pid: int) -> str | None:
-    store = _store()
+    store = job_store()
     if store is None:
         return None
     try:

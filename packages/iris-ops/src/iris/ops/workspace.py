@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.mem import SymmetricHeap
+from iris.mem import CallMismatchError, SymmetricHeap
 from iris.mem.log import get_logger
-from iris.mem.runtime import STATUS_WORDS, SyncState
+from iris.mem.runtime import STATUS_WORDS, SyncState, exchange
 
 from ._sync import STATE_WORDS
 from .config import MAX_PROGRAMS
@@ -112,6 +112,28 @@ def _describe(signature: tuple) -> str:
     return ", ".join(f"{n}={v!r}" for n, v in zip(names, signature))
 
 
+def _agree(signature: tuple, group) -> None:
+    """Compare what every rank of ``group`` prepares a workspace for (the op, shapes, dtype,
+    config, output kind and extra fields of ``signature``: the heap and the ranks are
+    per-process): ranks that make different calls get a CallMismatchError naming both,
+    instead of kernels waiting on each other's flags. Once per workspace."""
+    op, _, shapes, dtype, cfg, (_, in_place_out), *extra = signature
+    mine = f"iris.ops.{op}(shapes={shapes}, dtype={dtype}, config={cfg}, out on a heap={in_place_out}"
+    mine += f", {extra[0]})" if extra and extra[0] else ")"
+    calls = exchange(group, f"iris.ops.{op} workspace", mine, CallMismatchError)
+    me = dist.get_rank(group) if group is not None else dist.get_rank()
+    for rank, theirs in enumerate(calls):
+        if theirs != mine:
+            raise CallMismatchError(
+                f"rank {me}: this rank called {mine}, but rank {rank} called {theirs}: every rank of the "
+                "group must call the same op with the same shapes",
+                me,
+                rank,
+                mine,
+                theirs,
+            )
+
+
 def acquire(
     workspace: Workspace | None,
     signature: tuple,
@@ -176,6 +198,7 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
             "same shapes before capturing"
         )
     op = signature[0]
+    _agree(signature, group)
     every = [("state", STATE_WORDS, torch.int32)] + list(specs)
     owns = heap is None
     if owns:

@@ -17,7 +17,8 @@ class Group:
     Fields: ``members`` (pointer to the members' heap ranks, int32), ``flags`` and
     ``epochs`` (sync state on the heap, see :func:`group_sync`), ``status`` (int64[4]
     timeout record), ``budget`` (ns per wait, ``IRIS_WAIT_TIMEOUT``), ``size`` and ``index`` (this rank's
-    position in ``members``), both constexpr.
+    position in ``members``), both constexpr, and ``sig``, the call's signature that every
+    barrier checks (0 where the kernel checks none).
     """
 
     members: tl.tensor
@@ -27,9 +28,10 @@ class Group:
     budget: tl.tensor
     size: tl.constexpr
     index: tl.constexpr
+    sig: tl.tensor
 
     @constexpr_function
-    def __init__(self, members, flags, epochs, status, budget, size, index):
+    def __init__(self, members, flags, epochs, status, budget, size, index, sig):
         self.members = members
         self.flags = flags
         self.epochs = epochs
@@ -37,12 +39,14 @@ class Group:
         self.budget = budget
         self.size = tl.constexpr(size)
         self.index = tl.constexpr(index)
+        self.sig = sig
 
     @staticmethod
     @triton.jit
-    def initialize(members, flags, epochs, status, budget, size: tl.constexpr, index: tl.constexpr):
-        """Build the group from a collective kernel's leading arguments."""
-        return Group(members, flags, epochs, status, budget, size, index)
+    def initialize(members, flags, epochs, status, budget, size: tl.constexpr, index: tl.constexpr, sig=0):
+        """Build the group from a collective kernel's leading arguments (``sig``: the
+        kernel's ``SIG`` argument, see :func:`iris.mem.runtime.launch`)."""
+        return Group(members, flags, epochs, status, budget, size, index, tl.cast(sig, tl.int32))
 
     @triton.jit
     def rank(self, i):
@@ -66,6 +70,7 @@ class Group:
             self.size,
             self.index,
             fence,
+            self.sig,
         )
 
 
@@ -73,12 +78,14 @@ class Group:
 def enter_group(
     context, members, flags, epochs, status, budget,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr, SYNC: tl.constexpr = True,
+    SIG=0,
 ):  # fmt: skip
     """The start of a persistent kernel over a :class:`iris.mem.runtime.SyncState`: its
-    ``Context``, its ``Group`` and the program id, after (``SYNC``) the start barrier of the
-    program's sync slot (nothing remote before it, so without a fence)."""
+    ``Context``, its ``Group`` (checking the call signature ``SIG`` at every barrier) and the
+    program id, after (``SYNC``) the start barrier of the program's sync slot (nothing
+    remote before it, so without a fence)."""
     ctx = Context.initialize(context, RANK, WORLD)
-    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME)
+    group = Group.initialize(members, flags, epochs, status, budget, GROUP, ME, SIG)
     pid = tl.program_id(0)
     if SYNC:
         group.sync(ctx, pid, False)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .. import settings
-from ..utils import record_timeout, wait_at_least
+from ..utils import record_mismatch, record_timeout, wait_at_least
 
 if settings.interpreted():
 
@@ -64,18 +64,28 @@ def group_sync(
     GROUP: tl.constexpr,
     ME: tl.constexpr,
     FENCE: tl.constexpr = False,
+    sig=0,
 ):
-    """Barrier of program ``slot`` with the same program on every member rank.
+    """Barrier of program ``slot`` with the same program on every member rank, which also
+    checks that every member is making the same call.
 
     :param ctx: the kernel's :class:`iris.mem.triton.Context`.
     :param members: pointer to the members' heap ranks (int32, ``GROUP`` entries).
-    :param flags: ``[slots, GROUP]`` int32 on the heap; ``epochs``: ``[slots]`` int32 on the heap.
-    :param status: int64 ``[4]`` on the heap: ``[code, rank, peer, flag address]`` of a timeout.
+    :param flags: the rows of the sync slots on the heap, int32 ``[slots, 3 * GROUP]``: a
+        flag per member, then two call signatures per member (by the parity of the
+        generation); ``epochs``: ``[slots]`` int32 on the heap.
+    :param status: int64 ``[4]`` on the heap: ``[code, rank, peer, detail]`` of a timeout or
+        mismatch.
     :param budget: nanoseconds to wait for each peer before giving up (``IRIS_WAIT_TIMEOUT``).
     :param FENCE: fence every thread first (``fence.acq_rel.sys``, 2-3 us on H200). Not
         needed for ordering: the CTA barrier and the releasing thread's system-scope release
         order every thread's earlier loads and stores (remote ones included) before the
         peers see the flag, the pattern torch symm_mem's barriers use too. Off by default.
+    :param sig: this call's signature (int32; 0 where the caller checks nothing): published
+        with the flag and compared with each peer's once the peer's flag has arrived; a
+        different one is recorded (:func:`iris.mem.utils.record_mismatch`). Kept by the
+        parity of the generation: a peer cannot publish two generations ahead, so the
+        signature read is the one of this generation.
 
     A group of one (``GROUP == 1``) compiles to nothing.
     """
@@ -89,16 +99,24 @@ def group_sync(
         # one program disagreeing on the generation: on H200, waits that ran to the budget).
         tl.debug_barrier()
         tl.store(epochs + slot, epoch)
-        row = flags + slot * GROUP
+        row = flags + slot * (3 * GROUP)
+        signatures = row + GROUP + (epoch & 1)
         # Published to the peers only: nobody reads this member's own entry (releasing it
-        # and waiting for it cost a local atomic round on the path of every barrier).
+        # and waiting for it cost a local atomic round on the path of every barrier). The
+        # signature is stored before the flag's release, which orders it.
         for i in tl.static_range(GROUP):
             if i != ME:
-                ctx.atomic_max(row + ME, epoch, tl.load(members + i), sem="release", scope="sys")
+                peer = tl.load(members + i)
+                ctx.store(signatures + 2 * ME, tl.cast(sig, tl.int32), peer)
+                ctx.atomic_max(row + ME, epoch, peer, sem="release", scope="sys")
         for i in tl.static_range(GROUP):
             if i != ME:
                 if wait_at_least(row + i, epoch, budget, status) < epoch:
                     record_timeout(status, ctx.rank, tl.load(members + i), row + i)
+                else:
+                    theirs = tl.load(signatures + 2 * i, volatile=True)
+                    if theirs != sig:
+                        record_mismatch(status, ctx.rank, tl.load(members + i), sig, theirs)
         tl.debug_barrier()  # every thread reads after the acquire above
 
 
