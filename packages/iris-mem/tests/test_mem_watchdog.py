@@ -8,11 +8,15 @@ import threading
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
+import triton
 
 import iris.mem
 from iris.mem import watchdog
+from iris.mem.runtime import SyncState
 from iris.mem.testing import launch_world, run_world
+from iris.mem.utils import record_timeout, wait_at_least
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -147,3 +151,35 @@ def test_watchdog_can_be_turned_off():
             iris.mem.settings.watchdog_interval()
         finally:
             del os.environ["IRIS_WATCHDOG_INTERVAL"]
+
+
+@triton.jit
+def _spin_kernel(flag, status, budget):
+    """Wait for a flag nobody sets (as a kernel does on a peer that is gone)."""
+    if wait_at_least(flag, 1, budget, status) < 1:
+        record_timeout(status, 0, 0, flag)
+
+
+def spin_body(rank, world_size):
+    """A kernel spins on a flag of the heap's sync state; heap.abort() from another thread
+    stops it (on GPUs while it runs: the stop does not wait for it)."""
+    heap = iris.mem.init(1 << 16)
+    state = SyncState(heap, [0], 1, "a spinning test kernel", "nothing to advise")
+    flag = heap.zeros(1, dtype=torch.int32)
+    timer = threading.Timer(0.5, heap.abort, args=("stopped by the test",))
+    started = time.monotonic()
+    timer.start()
+    _spin_kernel[(1,)](flag, state.status, iris.mem.wait_budget_ns())
+    iris.mem.synchronize(heap.device)
+    seconds = time.monotonic() - started
+    timer.join()
+    with pytest.raises(iris.mem.AbortedError, match="stopped by the test"):
+        state.check()
+    heap.close()
+    return seconds
+
+
+@pytest.mark.gpu
+def test_abort_stops_a_spinning_kernel_within_a_second():
+    seconds = run_world(spin_body, 1, timeout=180)[0]
+    assert 0.4 <= seconds < 1.5, seconds
