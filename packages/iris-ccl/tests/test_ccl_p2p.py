@@ -416,7 +416,7 @@ def compile_child() -> list[str]:
     from triton.compiler import ASTSource
 
     lead = {"context": "*i64", "members": "*i32", "flags": "*i32", "epochs": "*i32", "status": "*i64"}
-    lead["budget"] = "i64"
+    lead["budget"], lead["SIG"] = "i64", "i32"
     p2p = importlib.import_module("iris.ccl.p2p")
     barrier = importlib.import_module("iris.ccl.barrier")
     common = {"seq": "*i32", "ack": "*i32", "nbytes": "i32", "peer": "i32"}
