@@ -444,7 +444,7 @@ def compile_child() -> list[str]:
     from triton.compiler import ASTSource
 
     lead = {"context": "*i64", "members": "*i32", "flags": "*i32", "epochs": "*i32", "status": "*i64"}
-    lead["budget"] = "i64"
+    lead["budget"], lead["SIG"] = "i64", "i32"
     fails = []
     fn = importlib.import_module("iris.ccl._rooted")._rooted_kernel
     for name in ("broadcast", "reduce", "scatter", "gather"):
