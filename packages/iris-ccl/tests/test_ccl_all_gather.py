@@ -373,7 +373,7 @@ def bad_input_body(rank, world_size):
         ("devices differ", lambda: ag(ones(g * 10, device=other), f32), ValueError, ["out", str(other)]),
         ("out not a tensor", lambda: ag([1.0] * g * 10, f32), TypeError, ["out", "Tensor"]),
         ("inp is None", lambda: ag(ones(g * 10), None), TypeError, ["inp", "Tensor"]),
-        ("float64", lambda: ag(ones(g * 10).double(), f32.double()), TypeError, ["float64"]),
+        ("sparse", lambda: ag(ones(g * 10), f32.to_sparse()), TypeError, ["sparse", "to_dense"]),
         ("variant of another collective", lambda: ag(ones(g * 10), f32,
          config=_cfg("ring")), ValueError, ["ring", "push", "pull"]),
         ("group not a group", lambda: ag(ones(g * 10), f32, group="world"), TypeError,

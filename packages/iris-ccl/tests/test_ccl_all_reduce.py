@@ -519,7 +519,7 @@ def _bad_cases(rank):
         ("out not a tensor", lambda: ar([1.0] * 10, f32), TypeError, ["out", "Tensor", "list"]),
         ("inp not a tensor", lambda: ar(f32, 3.0), TypeError, ["inp", "Tensor", "float"]),
         ("inp is None", lambda: ar(f32, None), TypeError, ["inp", "Tensor"]),
-        ("float64", lambda: ar(f32.double(), f32.double()), TypeError, ["float64"]),
+        ("bool AVG", lambda: ar(f32.bool(), f32.bool(), op="avg"), ValueError, ["AVG", "bool"]),
         (
             "float8 (moved, not reduced)",
             lambda: ar(f32.to(torch.float8_e4m3fn), f32.to(torch.float8_e4m3fn)),

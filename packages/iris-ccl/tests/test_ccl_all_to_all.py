@@ -360,7 +360,7 @@ def bad_input_body(rank, world_size):
         ("devices differ", lambda: a2a(ones(g * 10, device=other), f32), ValueError, ["out", str(other)]),
         ("out not a tensor", lambda: a2a([1.0] * 10, f32), TypeError, ["out", "Tensor"]),
         ("inp is None", lambda: a2a(out, None), TypeError, ["inp", "Tensor"]),
-        ("float64", lambda: a2a(out.double(), f32.double()), TypeError, ["float64"]),
+        ("sparse", lambda: a2a(out, f32.to_sparse()), TypeError, ["sparse", "to_dense"]),
         ("variant of another collective", lambda: a2a(out, f32, config=_cfg("ring")), ValueError,
          ["ring", "push", "pull"]),
         ("group not a group", lambda: a2a(out, f32, group="world"), TypeError, ["group"]),

@@ -32,8 +32,6 @@ CCL_FUNCS = (
     "scatter", "send", "recv", "barrier",
 )  # fmt: skip
 MODES = ("sync", "wait", "future")
-#: dtypes iris.ccl reduces itself; the backend reduces the others from data iris.ccl moves.
-NATIVE = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 #: (dtype, atol, rtol) of reductions over a few ranks, beyond those of ccl_testutils.
 TOL = {**TOLERANCES, torch.float64: (1e-12, 1e-12)}
 
@@ -160,7 +158,6 @@ def _collectives(case: _Case, g, dtype: torch.dtype, shape: tuple, modes, salt: 
     """Every torch.distributed collective on the iris group ``g`` (the world's ranks) for one
     dtype and shape, against gloo on the world; ``modes`` rotate over the calls."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    native = dtype in NATIVE
     mode = iter(modes * 64).__next__
     name = f"{dtype_name(dtype)} {list(shape)}"
     x = _data(shape, dtype, rank, salt)
@@ -171,7 +168,7 @@ def _collectives(case: _Case, g, dtype: torch.dtype, shape: tuple, modes, salt: 
         t = x.clone()
         want = _gloo_reduced(x, op)
         case.run(
-            f"all_reduce {op} {name}", "all_reduce" if native else "all_to_all", mode(),
+            f"all_reduce {op} {name}", "all_reduce", mode(),
             lambda a, t=t, op=op: (
                 [t], dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=g, async_op=a)
             ),
@@ -201,13 +198,13 @@ def _collectives(case: _Case, g, dtype: torch.dtype, shape: tuple, modes, salt: 
     parts = list(big.chunk(world))
     r1 = torch.empty_like(x)
     case.run(
-        f"reduce_scatter {op} {name}", "reduce_scatter" if native else "all_to_all", mode(),
+        f"reduce_scatter {op} {name}", "reduce_scatter", mode(),
         lambda a: ([r1], dist.reduce_scatter(r1, parts, op=getattr(dist.ReduceOp, op), group=g, async_op=a)),
         lambda: [_differs(r1, want, f"reduce_scatter {op} {name}")],
     )  # fmt: skip
     r2 = torch.empty_like(x)
     case.run(
-        f"reduce_scatter_tensor {op} {name}", "reduce_scatter" if native else "all_to_all", mode(),
+        f"reduce_scatter_tensor {op} {name}", "reduce_scatter", mode(),
         lambda a: (
             [r2], dist.reduce_scatter_tensor(r2, big, op=getattr(dist.ReduceOp, op), group=g, async_op=a)
         ),
@@ -265,7 +262,7 @@ def _collectives(case: _Case, g, dtype: torch.dtype, shape: tuple, modes, salt: 
     r = x.clone()
     want_r = _gloo_reduced(x, op)
     case.run(
-        f"reduce {op} {name}", "reduce" if native else "gather", mode(),
+        f"reduce {op} {name}", "reduce", mode(),
         lambda a: ([r], dist.reduce(r, world - 1, op=getattr(dist.ReduceOp, op), group=g, async_op=a)),
         lambda: [_differs(r, want_r, f"reduce {op} {name}")] if rank == world - 1 else [],
     )  # fmt: skip

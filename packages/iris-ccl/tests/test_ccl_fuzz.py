@@ -104,7 +104,7 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
         salt = data.draw(st.integers(0, 1000), label="salt")
         # Occasionally a bad argument that must raise before any communication.
         bad = data.draw(
-            st.sampled_from(["none"] * 12 + ["out_dtype", "not_tensor", "float64", "out_numel", "config"]),
+            st.sampled_from(["none"] * 12 + ["out_dtype", "not_tensor", "sparse", "out_numel", "config"]),
             label="bad",
         )
         n = 1
@@ -129,8 +129,8 @@ def _fuzz_rank(rank: int, world_size: int) -> dict:
         elif bad == "not_tensor":
             inp = inp.tolist()
             expected = TypeError
-        elif bad == "float64":
-            inp, out = inp.double(), out.double()
+        elif bad == "sparse":
+            inp = inp.to_sparse()
             expected = TypeError
         elif bad == "out_numel":
             out = torch.zeros(out_numel + 1, dtype=dtype)

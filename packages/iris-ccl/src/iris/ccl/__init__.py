@@ -5,7 +5,11 @@ torch tensor works; tensors on a symmetric heap spanning the collective's group 
 in place, others are staged through a heap of the collective's own.
 """
 
-from . import backend  # noqa: F401  (registers the "iris" torch.distributed backend)
+from . import (  # noqa: F401  (the "iris" torch.distributed backend; gradients of torch.ops.iris)
+    _autograd,
+    backend,
+    functional,
+)
 from ._comm import abort, check_errors
 from ._version import __version__
 from .all_gather import all_gather

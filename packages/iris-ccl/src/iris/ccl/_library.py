@@ -56,9 +56,12 @@ def resolve_group(name: str):
 
 
 def group_size(name: str) -> int:
-    """The size of the group ``name`` (1 where torch.distributed is not initialised)."""
+    """The size of the group ``name``; sets the world up first where torch.distributed is
+    not initialised (as the first iris.ccl call does, :func:`iris.ccl._entry.ensure_world`)."""
     if not dist.is_initialized():
-        return 1
+        from ._entry import ensure_world
+
+        ensure_world()
     return dist.get_world_size(resolve_group(name))
 
 

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _copy_engine, _host, _library, _plan
+from . import _copy_engine, _entry, _host, _library, _plan
 from ._plan import Plan
 from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
@@ -124,6 +124,7 @@ REGISTERED = (
 )
 
 
+@_entry.public("all_gather", ("out", "inp"), ("out",))
 def all_gather(
     out: torch.Tensor, inp: torch.Tensor, *, group=None, async_op: bool = False,
     config: Config | None = None,

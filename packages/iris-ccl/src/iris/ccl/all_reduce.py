@@ -46,7 +46,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _boxed, _comm, _copy_engine, _host, _library, _plan
+from . import _boxed, _comm, _copy_engine, _entry, _host, _library, _plan
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
@@ -315,6 +315,7 @@ REGISTERED = (
 )
 
 
+@_entry.public("all_reduce", ("out", "inp"), ("out",))
 def all_reduce(
     out: torch.Tensor, inp: torch.Tensor, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
     async_op: bool = False, config: Config | None = None,

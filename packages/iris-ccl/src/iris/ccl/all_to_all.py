@@ -36,7 +36,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _copy_engine, _host, _library, _plan, _uneven
+from . import _copy_engine, _entry, _host, _library, _plan, _uneven
 from ._plan import Plan
 from .config import Config
 from .triton import tiles
@@ -108,6 +108,7 @@ REGISTERED = (
 )
 
 
+@_entry.public("all_to_all", ("out", "inp"), ("out",))
 def all_to_all(
     out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None, input_split_sizes=None, *, group=None,
     async_op: bool = False, config: Config | None = None,

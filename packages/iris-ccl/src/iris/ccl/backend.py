@@ -19,7 +19,6 @@ gloo, go through the group's gloo group (:attr:`IrisProcessGroup.host_group`).
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -30,16 +29,16 @@ import torch.distributed as dist
 import iris.mem
 from iris.mem import settings as _mem_settings
 
+from . import _dtypes
+from .work import Work
+
 #: The backend's name, as given to ``dist.new_group(backend=...)``.
 BACKEND_NAME = "iris"
 
-#: dtypes iris.ccl reduces itself; other dtypes are reduced by the backend (exactly, in
-#: their own dtype) from data iris.ccl moves.
+#: dtypes iris.ccl's kernels reduce; iris.ccl reduces the others it accepts through its
+#: conversion path (:mod:`iris.ccl._dtypes`), exactly, in their own dtype.
 _REDUCED = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 _FP8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d)
-#: A dtype iris.ccl moves, by item size: a tensor of any other dtype travels as a view of
-#: its bytes in the one of its item size (moves copy bits: nothing is converted).
-_CARRIER = {1: _FP8[0] if _FP8 else None, 2: torch.float16, 4: torch.int32, 8: torch.int64}
 
 _SUPPORTED_OPS = ("SUM", "AVG", "MAX", "MIN")
 
@@ -58,15 +57,12 @@ def _wire(t: torch.Tensor) -> torch.Tensor:
             f"the iris backend moves dense tensors only, got a tensor of layout {t.layout}; use a gloo "
             "group for sparse tensors"
         )
-    if t.dtype in _REDUCED or t.dtype in _FP8:
-        return t
-    carrier = _CARRIER.get(t.dtype.itemsize)
-    if carrier is None or t.is_complex():
+    if t.dtype.itemsize not in (1, 2, 4, 8) or t.is_complex():
         raise TypeError(
             f"the iris backend cannot move tensors of dtype {t.dtype}; use a dtype of 1, 2, 4 or 8 bytes "
             "(complex tensors through torch.view_as_real)"
         )
-    return t.view(carrier)
+    return _dtypes.wire(t)
 
 
 def _op_name(op: Any, collective: str) -> str:
@@ -88,9 +84,9 @@ def _op_name(op: Any, collective: str) -> str:
 
 
 def _check_reduction(t: torch.Tensor, op: str, collective: str) -> None:
-    """Raise, before anything is sent, for a reduction the backend cannot make of a dtype
-    iris.ccl does not reduce itself (float8, AVG of integers or bools, dtypes it cannot
-    move)."""
+    """Raise, before anything is sent, for a reduction iris.ccl cannot make of a dtype its
+    kernels do not reduce (float8, AVG of integers or bools, dtypes it cannot move or
+    reduce), naming the torch.distributed call."""
     _wire(t)
     if t.dtype in _FP8:
         raise TypeError(
@@ -101,21 +97,17 @@ def _check_reduction(t: torch.Tensor, op: str, collective: str) -> None:
         raise ValueError(
             f"dist.{collective}: ReduceOp.AVG needs a floating-point dtype, got {t.dtype}; use SUM and divide"
         )
+    if t.dtype not in _REDUCED:
+        try:
+            _dtypes.check_reduction(_iris_op(op), t.dtype, f"dist.{collective}")
+        except TypeError as e:
+            raise TypeError(f"{e}; or use a gloo group") from None
 
 
-def _reduce_local(stack: torch.Tensor, op: str) -> torch.Tensor:
-    """Reduce ``stack`` (one row per rank, in rank order) over its rows in its own dtype:
-    the reduction of the dtypes iris.ccl does not reduce itself (checked by
-    :func:`_check_reduction`)."""
-    if stack.dtype == torch.bool:
-        return stack.all(0) if op == "MIN" else stack.any(0)
-    if op == "MAX":
-        return stack.amax(0)
-    if op == "MIN":
-        return stack.amin(0)
-    if op == "AVG":
-        return stack.sum(0) / stack.shape[0]
-    return stack.sum(0, dtype=stack.dtype)
+def _iris_op(op: str):
+    from .reduce_op import ReduceOp
+
+    return ReduceOp.parse(op)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -123,51 +115,21 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)
 
 
-class _IrisWork(dist.Work):
-    """The ``torch.distributed.Work`` of a collective of an :class:`IrisProcessGroup`.
-
-    Collectives are queued on the current stream (on the CPU backend they have finished when
-    the call returns). ``wait()`` makes the current stream wait for the collective, as
-    NCCL's does (a barrier's also blocks the host until it has finished); ``get_future()``
-    is completed with the output tensors, CUDA-aware on GPUs.
-    """
+class _IrisWork(Work):
+    """The ``torch.distributed.Work`` of a collective of an :class:`IrisProcessGroup`: an
+    :class:`iris.ccl.Work` (``wait()`` orders the current stream after the collective,
+    ``get_future()`` is completed with the output tensors) whose ``wait()`` also blocks the
+    host for a barrier (``blocking``)."""
 
     def __init__(self, result: list[torch.Tensor], device: torch.device, blocking: bool = False):
-        super().__init__()
-        self._result = result
-        self._device = device
+        super().__init__(device, result)
         self._blocking = blocking
-        self._event = None
-        caps = iris.mem.capabilities(device)
-        cuda = caps.streams  # work queued on streams: the handle records an event
-        if cuda:
-            device = self._device = caps.device  # with its index
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(device))
-        self._future = torch.futures.Future(devices=[device] if cuda else None)
-        self._future.set_result(result)
 
     def wait(self, timeout: Any = None) -> bool:
-        if self._event is not None:
-            torch.cuda.current_stream(self._device).wait_event(self._event)
-            if self._blocking:
-                self._event.synchronize()
+        super().wait(timeout)
+        if self._blocking and self._event is not None:
+            self._event.synchronize()
         return True
-
-    def is_completed(self) -> bool:
-        return self._event.query() if self._event is not None else True
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self) -> None:
-        return None
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
 
 
 class IrisProcessGroup(dist.ProcessGroup):
@@ -242,44 +204,21 @@ class IrisProcessGroup(dist.ProcessGroup):
     # ---- building blocks on iris.ccl -----------------------------------------------------
 
     def _all_reduce(self, t: torch.Tensor, op: str) -> None:
-        ccl = _ccl()
-        if t.dtype in _REDUCED:
-            ccl.all_reduce(_wire(t), t, op=op, group=self.host_group)
-            return
-        _check_reduction(t, op, "all_reduce")
-        size, n = self._iris_size, t.numel()
-        if n == 0:
-            return
-        if size == 1:
-            t.copy_(_reduce_local(t.reshape(1, -1), op).view(t.shape))
-            return
-        # reduce-scatter (an all_to_all, then each rank reduces its chunk) and all_gather
-        chunk = math.ceil(n / size)
-        padded = torch.zeros(size * chunk, dtype=t.dtype, device=t.device)
-        padded[:n] = t.reshape(-1)
-        mine = torch.empty_like(padded)
-        ccl.all_to_all(_wire(mine), _wire(padded), group=self.host_group)
-        reduced = _reduce_local(mine.view(size, chunk), op)
-        ccl.all_gather(_wire(padded), _wire(reduced.contiguous()), group=self.host_group)
-        t.copy_(padded[:n].view(t.shape))
+        # dtypes the kernels do not reduce: iris.ccl's conversion path (exact, in the dtype)
+        if t.dtype not in _REDUCED:
+            _check_reduction(t, op, "all_reduce")
+        _ccl().all_reduce(t, t, op=op, group=self.host_group)
 
     def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
-        ccl = _ccl()
-        if inp.dtype in _REDUCED:
-            ccl.reduce_scatter(_wire(out), _wire(inp), op=op, group=self.host_group)
-            return
-        _check_reduction(inp, op, "reduce_scatter")
-        size, m = self._iris_size, out.numel()
-        if inp.numel() != size * m or out.dtype != inp.dtype:
-            raise ValueError(
-                f"dist.reduce_scatter: the input holds {inp.numel()} {inp.dtype} elements, expected "
-                f"{size} x {m} {out.dtype} (the group size times the output's)"
-            )
-        if m == 0:
-            return
-        mine = torch.empty(size * m, dtype=inp.dtype, device=inp.device)
-        ccl.all_to_all(_wire(mine), _wire(_flat(inp)), group=self.host_group)
-        out.copy_(_reduce_local(mine.view(size, m), op).view(out.shape))
+        if inp.dtype not in _REDUCED:
+            _check_reduction(inp, op, "reduce_scatter")
+            size, m = self._iris_size, out.numel()
+            if inp.numel() != size * m or out.dtype != inp.dtype:
+                raise ValueError(
+                    f"dist.reduce_scatter: the input holds {inp.numel()} {inp.dtype} elements, expected "
+                    f"{size} x {m} {out.dtype} (the group size times the output's)"
+                )
+        _ccl().reduce_scatter(out, inp, op=op, group=self.host_group)
 
     def _all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         _ccl().all_gather(_wire(out), _wire(inp), group=self.host_group)
@@ -441,18 +380,9 @@ class IrisProcessGroup(dist.ProcessGroup):
             return self._host("reduce", tensors, opts or dist.ReduceOptions())
         op = _op_name(opts.reduceOp, "reduce")
         root = self._global(opts.rootRank, "dist.reduce")
-        ccl = _ccl()
-        if t.dtype in _REDUCED:
-            ccl.reduce(_wire(t), t, root, op=op, group=self.host_group)
-        else:
+        if t.dtype not in _REDUCED:
             _check_reduction(t, op, "reduce")
-            is_root = dist.get_rank() == root
-            everyone = (
-                torch.empty((self._iris_size, t.numel()), dtype=t.dtype, device=t.device) if is_root else None
-            )
-            ccl.gather(_wire(everyone) if is_root else None, _wire(_flat(t)), root, group=self.host_group)
-            if is_root and t.numel():
-                t.copy_(_reduce_local(everyone, op).view(t.shape))
+        _ccl().reduce(t, t, root, op=op, group=self.host_group)
         return self._work([t], t.device)
 
     def gather(

@@ -14,7 +14,7 @@ import triton.language as tl
 import iris.mem
 from iris.mem.triton import Context
 
-from . import _comm, _host, _library
+from . import _comm, _entry, _host, _library
 from .config import Config, select
 from .triton import Group
 from .work import Work
@@ -32,6 +32,7 @@ def _barrier_kernel(
     group.sync(ctx, 0)
 
 
+@_entry.public("barrier")
 def barrier(group=None, async_op: bool = False, *, config: Config | None = None) -> Work | None:
     """Device barrier of ``group`` (None: the world) on iris.ccl's own heap for the group.
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from . import _host, _library, _rooted
+from . import _entry, _host, _library, _rooted
 from .config import Config
 from .work import Work
 
 
+@_entry.public("broadcast", ("tensor",), ("tensor",))
 def broadcast(
     tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False, config: Config | None = None,
 ) -> Work | None:  # fmt: skip

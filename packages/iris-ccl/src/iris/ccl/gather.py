@@ -14,11 +14,12 @@ import torch.distributed as dist
 
 from iris.mem.runtime import group_ranks
 
-from . import _host, _library, _rooted
+from . import _entry, _host, _library, _rooted
 from .config import Config
 from .work import Work
 
 
+@_entry.public("gather", ("out", "inp"), ("out",))
 def gather(
     out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, group=None, async_op: bool = False,
     config: Config | None = None,

@@ -34,7 +34,7 @@ import triton.language as tl
 from iris.mem.triton import Context
 from iris.mem.utils import wait_at_least
 
-from . import _comm, _host, _library, _rooted
+from . import _comm, _entry, _host, _library, _rooted
 from .config import Config, select
 from .settings import p2p_bytes
 from .triton import record_timeout
@@ -161,6 +161,7 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
     return _host.finish(comm, async_op)
 
 
+@_entry.public("send", ("tensor",), ("tensor",))
 def send(
     tensor: torch.Tensor, dst: int, *, group=None, async_op: bool = False, config: Config | None = None
 ) -> Work | None:
@@ -184,6 +185,7 @@ def send(
     return _transfer("send", tensor, dst, group, async_op, config)
 
 
+@_entry.public("recv", ("tensor",), ("tensor",))
 def recv(
     tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False, config: Config | None = None
 ) -> Work | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _host, _library, _rooted
+from . import _entry, _host, _library, _rooted
 from .config import Config
 from .reduce_op import ReduceOp
 from .work import Work
 
 
+@_entry.public("reduce", ("out", "inp"), ("out",))
 def reduce(
     out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
     async_op: bool = False, config: Config | None = None,

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _host, _library, _plan
+from . import _entry, _host, _library, _plan
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
@@ -130,6 +130,7 @@ REGISTERED = (
 )
 
 
+@_entry.public("reduce_scatter", ("out", "inp"), ("out",))
 def reduce_scatter(
     out: torch.Tensor, inp: torch.Tensor, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
     async_op: bool = False, config: Config | None = None,

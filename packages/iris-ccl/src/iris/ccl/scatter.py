@@ -15,11 +15,12 @@ import torch.distributed as dist
 
 from iris.mem.runtime import group_ranks
 
-from . import _host, _library, _rooted
+from . import _entry, _host, _library, _rooted
 from .config import Config
 from .work import Work
 
 
+@_entry.public("scatter", ("out", "inp"), ("out",))
 def scatter(
     out: torch.Tensor, inp: torch.Tensor | None, src: int, *, group=None, async_op: bool = False,
     config: Config | None = None,
