@@ -73,8 +73,11 @@ def _differs(got: torch.Tensor, want: torch.Tensor, what: str, exact: bool = Tru
 
 
 def _gloo(x: torch.Tensor, op: str) -> torch.Tensor:
-    """gloo's all_reduce of a CPU copy of ``x`` (AVG as SUM divided by the world size)."""
+    """gloo's all_reduce of a CPU copy of ``x`` (AVG as SUM divided by the world size; int16,
+    which gloo does not take, as int32 and wrapped back)."""
     t = x.detach().cpu().clone()
+    if t.dtype == torch.int16:
+        return _gloo(t.int(), op).to(torch.int16)
     if op == "AVG":
         dist.all_reduce(t)
         return t / dist.get_world_size()
