@@ -390,6 +390,9 @@ def main() -> int:
                 torch.compiler.cudagraph_mark_step_begin()  # a new call: earlier outputs may be reused
                 out = compiled(x[mine]).clone()
                 check(errors, f"{case} {form} compiled call {i}", out, want[mine], atol=tol)
+    # A rank leaves matmul_reduce_scatter as soon as its own rows have arrived: let every rank
+    # finish its last call before any of them releases the workspaces and exits.
+    dist.barrier()
     iris.ops.release_workspaces()
     note = f"({', '.join(forms)}; prefill and decode; eager and compiled; {tokens} tokens, {world} ranks)"
     return report(NAME, errors, note)

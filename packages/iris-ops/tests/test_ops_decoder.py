@@ -105,6 +105,9 @@ def layer_body(rank: int, world: int, plan: list[tuple[str, str, str, bool]]) ->
             torch.compiler.reset()
             fn = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=False)
         errors[(dtype_name, case, form, compiled)] = _error(fn(x[rows]), want[rows])
+    # A rank leaves matmul_reduce_scatter once its own rows have arrived: wait for every rank
+    # to finish its last call before any of them tears down and exits.
+    dist.barrier()
     iris.ops.release_workspaces()
     return errors
 
@@ -288,6 +291,7 @@ def graphed_body(rank: int, world: int) -> list[str]:
             torch.cuda.synchronize()
         del layers, compiled
         torch.compiler.reset()
+    dist.barrier()  # every rank has finished its last call
     iris.ops.release_workspaces()
     return problems
 
