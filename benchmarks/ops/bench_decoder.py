@@ -322,8 +322,12 @@ def main() -> int:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.dtype_t = DTYPES[args.dtype]
-    # Every form compiles the same forward: more entries than torch's default limit of 8.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(FORMS))
+    # Every form compiles the same forward: more entries than torch's default limit of 8
+    # (named recompile_limit from torch 2.7, cache_size_limit before).
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 4 * len(FORMS)))
     args.modes = [m for m in args.modes.split(",") if m]
     forms = [f for f in args.forms.split(",") if f]
     unknown = sorted(set(forms) - set(FORMS)) + sorted(set(args.modes) - set(MODES))
