@@ -86,3 +86,22 @@ def test_abort_stops_a_collective_waiting_for_a_missing_peer():
 
 def test_abort_without_a_process_group_is_a_no_op():
     iris.ccl.abort()
+
+
+def last_send_body(rank, world_size):
+    """Rank 1 sends and its program ends at once; rank 0 receives after rank 1 is gone: the
+    message was delivered before, so the receive succeeds."""
+    x = torch.arange(50, dtype=torch.float32)
+    iris.ccl.all_reduce(x.clone(), x)  # make the group's state on both ranks
+    if rank == 1:
+        iris.ccl.send(x * 2, 0)
+        return None
+    time.sleep(3)  # rank 1 has exited and its watchdog report is in
+    got = torch.zeros(50)
+    iris.ccl.recv(got, 1)
+    return got.tolist()
+
+
+def test_receive_after_the_sender_ended_normally():
+    got = run_world(last_send_body, 2, timeout=180)[0]
+    assert got == [2.0 * i for i in range(50)]

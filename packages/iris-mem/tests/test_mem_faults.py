@@ -15,7 +15,9 @@ import iris.mem
 from iris.mem.testing import launch_world, run_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
-SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "2"}
+#: The wait timeout alone (the watchdog, which would see the missing peer exit first, is off:
+#: test_mem_watchdog.py covers it).
+SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "2", "IRIS_WATCHDOG": "0"}
 
 
 def killed_after_init_body(rank, world_size):

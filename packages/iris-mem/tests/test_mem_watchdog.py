@@ -123,7 +123,7 @@ def report_body(rank, world_size):
     heap = iris.mem.init(1 << 16)
     assert watchdog.watching() == (world_size > 1 and iris.mem.settings.watchdog())
     peer = watchdog.Peer(rank, rank, os.getpid(), None)
-    before = watchdog.how_it_ended(peer)  # alive and silent: the generic text
+    before = watchdog.how_it_ended(peer)  # alive and silent: the generic text, not clean
     watchdog.report_exit(watchdog.describe_exception(KeyError("x" * 400)))
     after = watchdog.how_it_ended(peer)
     heap.close()
@@ -131,9 +131,10 @@ def report_body(rank, world_size):
 
 
 def test_exit_reports():
-    before, after = run_world(report_body, 1, timeout=120)[0]
-    assert "without a word" in before
+    (before, clean_before), (after, clean_after) = run_world(report_body, 1, timeout=120)[0]
+    assert "without a word" in before and not clean_before
     assert after.startswith("raised KeyError: ") and after.endswith("...") and len(after) < 330
+    assert not clean_after
 
 
 def off_body(rank, world_size):
@@ -165,7 +166,10 @@ def spin_body(rank, world_size):
     stops it (on GPUs while it runs: the stop does not wait for it)."""
     heap = iris.mem.init(1 << 16)
     state = SyncState(heap, [0], 1, "a spinning test kernel", "nothing to advise")
-    flag = heap.zeros(1, dtype=torch.int32)
+    flag = heap.ones(1, dtype=torch.int32)
+    _spin_kernel[(1,)](flag, state.status, iris.mem.wait_budget_ns())  # compiled now, not below
+    iris.mem.synchronize(heap.device)
+    flag.zero_()
     timer = threading.Timer(0.5, heap.abort, args=("stopped by the test",))
     started = time.monotonic()
     timer.start()
@@ -183,3 +187,27 @@ def spin_body(rank, world_size):
 def test_abort_stops_a_spinning_kernel_within_a_second():
     seconds = run_world(spin_body, 1, timeout=180)[0]
     assert 0.4 <= seconds < 1.5, seconds
+
+
+def clean_exit_body(rank, world_size):
+    """Rank 1's program ends normally while rank 0 waits for it at a barrier it never
+    reaches: only that wait stops (the heap stays usable for what needs no rank 1)."""
+    heap = iris.mem.init(1 << 16)
+    heap.device_barrier()
+    if rank == 1:
+        return None
+    started = time.monotonic()
+    with pytest.raises(
+        iris.mem.AbortedError, match="rank 1 of the symmetric heap .* exited: its Python program ended"
+    ):
+        heap.device_barrier()
+    seconds = time.monotonic() - started
+    assert not heap.aborted
+    heap.zeros(4)  # local use goes on
+    heap.close()
+    return seconds
+
+
+def test_peer_that_ended_normally_stops_only_unmet_waits():
+    seconds = run_world(clean_exit_body, 2, timeout=180)[0]
+    assert seconds < 10, seconds

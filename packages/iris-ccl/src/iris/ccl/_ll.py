@@ -123,11 +123,14 @@ def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr):
     start = global_timer()
     missing = tl.sum(((words >> 32) != flag).to(tl.int32))
     other = ((words >> 48) == (flag >> 16)) & (((words >> 32) & 0xFFFF) != (flag & 0xFFFF))
-    while (missing > 0) & (tl.sum(other.to(tl.int32)) == 0) & keep_waiting(start, group.budget, group.status):
+    sender = group.rank(peer)
+    stopped = tl.sum(other.to(tl.int32))
+    while (missing > 0) & (stopped == 0) & keep_waiting(start, group.budget, group.status, sender):
         words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
         missing = tl.sum(((words >> 32) != flag).to(tl.int32))
         other = ((words >> 48) == (flag >> 16)) & (((words >> 32) & 0xFFFF) != (flag & 0xFFFF))
-    if tl.sum(other.to(tl.int32)) > 0:
+        stopped = tl.sum(other.to(tl.int32))
+    if stopped > 0:
         theirs = tl.max(tl.where(other, (words >> 32) & 0xFFFF, 0))
         record_mismatch(group.status, ctx.rank, group.rank(peer), group.sig, theirs)
     elif missing > 0:

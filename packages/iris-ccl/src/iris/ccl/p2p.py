@@ -48,7 +48,7 @@ def _wait_for(flag, target, budget, status, rank, peer):
     """Spin (acquire, system scope) until the local int32 ``*flag >= target``, for at most
     ``budget`` ns; record a timeout naming ``rank`` and ``peer`` and return False if it
     never does."""
-    ok = wait_at_least(flag, target, budget, status) >= target
+    ok = wait_at_least(flag, target, budget, status, peer) >= target
     if not ok:
         record_timeout(status, rank, peer, flag)
     return ok

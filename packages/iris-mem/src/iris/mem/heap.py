@@ -134,6 +134,8 @@ class SymmetricHeap:
         self._backend: Backend = create_backend(name, self._comm)
         self._closed = False
         self._aborted: AbortedError | None = None
+        self._ended = 0  # mask of the heap ranks whose program ended normally (watchdog)
+        self._ended_errors: dict[int, AbortedError] = {}
         self._abort_lock = threading.Lock()
         self._sync_states: weakref.WeakSet = weakref.WeakSet()  # stopped by abort()
         self._close_callbacks: list[Callable[[], object]] = []
@@ -252,7 +254,6 @@ class SymmetricHeap:
         error = self._aborted
         if error is not None:
             raise AbortedError(str(error), error.rank, error.reason)
-
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, check: bool = True) -> torch.Tensor:
         """A tensor on the heap. ``check=False``: the heap's own bookkeeping (sync flags),
@@ -761,17 +762,34 @@ class SymmetricHeap:
             )
         )
 
-    def _abort_for_peer(self, peer, how: str) -> None:
-        """The watchdog's abort: heap rank ``peer.rank``'s process exited, ``how``."""
-        self._abort(
-            AbortedError(
-                f"rank {self.rank}: rank {peer.rank} of the symmetric heap (global rank {peer.global_rank}, "
-                f"pid {peer.pid}) exited: {how}. The heap was aborted: its device-side waits were stopped "
-                "and it cannot be used again",
-                peer.rank,
-                how,
-            )
+    def _abort_for_peer(self, peer, how: str, clean: bool) -> None:
+        """The watchdog's stop: heap rank ``peer.rank``'s process exited, ``how``. A peer that
+        failed (killed, an exception, a crash) aborts the heap. A peer whose program ended
+        normally may have finished its part (a last send whose receiver has not run yet):
+        only the waits on it stop, and raise; everything else goes on."""
+        text = (
+            f"rank {self.rank}: rank {peer.rank} of the symmetric heap (global rank {peer.global_rank}, "
+            f"pid {peer.pid}) exited: {how}."
         )
+        if not clean or peer.rank >= 63:
+            self._abort(
+                AbortedError(
+                    f"{text} The heap was aborted: its device-side waits were stopped and it cannot be used "
+                    "again",
+                    peer.rank,
+                    how,
+                )
+            )
+            return
+        with self._abort_lock:
+            if self._aborted is not None or self._closed:
+                return
+            self._ended_errors[peer.rank] = AbortedError(f"{text} A wait for it was stopped", peer.rank, how)
+            self._ended |= 1 << peer.rank
+            mask = self._ended
+        _log.info("%s", text)
+        for state in list(self._sync_states):
+            state.mark_ended(mask)
 
     def _abort(self, error: AbortedError) -> None:
         with self._abort_lock:
@@ -784,8 +802,14 @@ class SymmetricHeap:
 
     @property
     def aborted(self) -> bool:
-        """Whether :meth:`abort` was called (or the watchdog aborted the heap)."""
+        """Whether :meth:`abort` was called, or the watchdog aborted the heap (a peer
+        process failed): every use of the heap raises :class:`~iris.mem.AbortedError`."""
         return self._aborted is not None
+
+    def _raise_if_ended(self, rank: int) -> None:
+        error = self._ended_errors.get(rank)
+        if error is not None:
+            raise AbortedError(str(error), error.rank, error.reason)
 
     def on_close(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` when :meth:`close` runs, before the heap's memory is released.

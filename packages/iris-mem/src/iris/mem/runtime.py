@@ -32,8 +32,10 @@ from .machine import Capabilities
 if TYPE_CHECKING:
     from .heap import SymmetricHeap
 
-#: int64 status words a waiting kernel writes: ``[code, rank, peer, flag address]``.
-STATUS_WORDS = 4
+#: int64 status words of a sync state: ``[code, rank, peer, flag address]`` that a waiting
+#: kernel writes, then the mask of the heap ranks whose process has ended (the host sets it:
+#: waits on those ranks stop).
+STATUS_WORDS = 5
 #: ``code`` of a wait that gave up (``iris.mem.utils.record_timeout`` writes it).
 STATUS_TIMEOUT = 1
 #: ``code`` the host posts to stop every wait over the state (an aborted heap; waits poll it,
@@ -158,6 +160,10 @@ class SyncState:
         self.member_table, self.flags, self.epochs, self.status = made
         self.member_table.copy_(torch.tensor(self.members, dtype=torch.int32))
         heap._sync_states.add(self)  # stopped when the heap is aborted
+        if heap.aborted:
+            self.stop()
+        elif heap._ended:
+            self.mark_ended(heap._ended)
 
     @staticmethod
     def heap_bytes(members: int, slots: int) -> int:
@@ -178,6 +184,11 @@ class SyncState:
         """Stop every wait of the kernels over this state, running or later ones (``status``
         code :data:`STATUS_ABORTED`, posted without waiting for them). Any thread."""
         self.heap._backend.post(self.status[:1], STATUS_ABORTED)
+
+    def mark_ended(self, mask: int) -> None:
+        """Stop the waits over this state on the heap ranks of ``mask`` (bit ``r``: rank
+        ``r``'s process has ended), running or later ones. Any thread."""
+        self.heap._backend.post(self.status[4:5], mask)
 
     def release(self, *buffers: torch.Tensor) -> None:
         """Give the state's memory (and ``buffers``, heap tensors kept beside it) back to the
@@ -222,16 +233,19 @@ class SyncState:
         """Raise the first wait timeout a kernel over this state recorded, as
         :class:`~iris.mem.DeviceWaitTimeout`, and clear it. Reads device memory: on machines
         where kernels run asynchronously, call it after synchronising."""
-        code, rank, peer, address = (int(v) for v in self.status.tolist())
+        code, rank, peer, address, _ = (int(v) for v in self.status.tolist())
         if self.heap.aborted:
             # Raise when a wait of the launch was cut short (or the status cannot tell); a launch
-            # that completed before the abort (a peer that exited after its last call) stands.
+            # whose waits were all met before the abort (a peer that failed after it) stands.
             if code != STATUS_ABORTED or any((rank, peer, address)):
+                self.status[1:4].zero_()
                 self.heap._raise_if_aborted()
             return
         if code == 0:
             return
-        self.status.zero_()
+        self.status[:4].zero_()
+        if code == STATUS_TIMEOUT:
+            self.heap._raise_if_ended(peer)  # the wait was on a peer whose process has ended
         if code == STATUS_MISMATCH:
             self._raise_mismatch(rank, peer, address)
         if code != STATUS_TIMEOUT:

@@ -116,6 +116,9 @@ def _worker(
 
                 report_exit(describe_exception(e))
                 raise
+            from .watchdog import CLEAN_END, report_exit
+
+            report_exit(CLEAN_END)  # as the end of a Python program would (os._exit skips atexit)
             # The rank's queued GPU work is part of its result: os._exit below would kill
             # kernels still in flight (a send whose receiver has not caught up yet).
             if torch.cuda.is_initialized():

@@ -13,11 +13,11 @@ version a kernel gets is decided when this module is imported, like the rest of
     machine.
 ``sm_id()``
     int32 id of the SM running the program (``%smid``); -1 in the interpreter.
-``wait_at_least(flag, target, budget, status=None)``
+``wait_at_least(flag, target, budget, status=None, peer=None)``
     Poll a local flag (acquire, system scope) until it reaches ``target``, ``budget`` ns
     of ``global_timer()`` have passed, or the host stopped the waits of the sync state
     ``status`` belongs to; returns the last value read.
-``keep_waiting(start, budget, status)``
+``keep_waiting(start, budget, status, peer=None)``
     The condition every waiting loop of Iris polls: within the budget and not stopped.
 ``record_mismatch(status, rank, peer, mine, theirs)``
     Record that ``peer`` made another call (its call signature ``theirs``, not ``mine``).
@@ -89,32 +89,38 @@ ABORT_POLL_NS: tl.constexpr = tl.constexpr(20_000)
 
 
 @triton.jit
-def keep_waiting(start, budget, status):
+def keep_waiting(start, budget, status, peer=None):
     """Whether a wait that began at ``start`` (:func:`global_timer`) may go on polling: fewer
     than ``budget`` ns have passed and, once it has waited ``ABORT_POLL_NS``, the waits of its
     sync state were not stopped: by the host (``status[0] == STATUS_ABORTED``: the heap was
-    aborted, or a peer process exited) or by a call that does not match the peers'
-    (``STATUS_MISMATCH``, :func:`record_mismatch`). ``status`` is the state's int64 status array;
-    None: the budget alone. Every waiting loop of Iris ends on it."""
+    aborted, or a peer process failed), by a call that does not match the peers'
+    (``STATUS_MISMATCH``, :func:`record_mismatch`), or, for a wait on heap rank ``peer``,
+    because that peer's process has ended (bit ``peer`` of ``status[4]``, set by the host).
+    ``status`` is the state's int64 status array; None: the budget alone. Every waiting loop
+    of Iris ends on it."""
     elapsed = global_timer() - start
     go = elapsed < budget
     if status is not None:
         late = elapsed > ABORT_POLL_NS
         go = go & (tl.load(status, mask=late, other=0, volatile=True) < STATUS_ABORTED)
+        if peer is not None:
+            ended = tl.load(status + 4, mask=late, other=0, volatile=True)
+            go = go & (((ended >> tl.cast(peer, tl.int64)) & 1) == 0)
     return go
 
 
 @triton.jit
-def wait_at_least(flag, target, budget, status=None):
+def wait_at_least(flag, target, budget, status=None, peer=None):
     """Poll the local integer ``*flag`` (acquire, system scope: what its writer released
     before raising it is visible after) until it is at least ``target``, or ``budget`` ns of
     :func:`global_timer` have passed (``iris.mem.wait_budget_ns()``, from
-    ``IRIS_WAIT_TIMEOUT``), or the host stopped the waits of the sync state whose int64
-    ``status`` array is given (see :func:`keep_waiting`). Returns the last value read: below
-    ``target`` when the wait gave up, which the caller reports (:func:`record_timeout`)."""
+    ``IRIS_WAIT_TIMEOUT``), or the waits of the sync state whose int64 ``status`` array is
+    given were stopped, for all peers or for heap rank ``peer``, the one expected to raise the
+    flag (see :func:`keep_waiting`). Returns the last value read: below ``target`` when the
+    wait gave up, which the caller reports (:func:`record_timeout`)."""
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     start = global_timer()
-    while (seen < target) & keep_waiting(start, budget, status):
+    while (seen < target) & keep_waiting(start, budget, status, peer):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     return seen
 

@@ -8,7 +8,10 @@ through ``/proc``. When one has exited, whatever the cause (SIGKILL, an uncaught
 exception, ``sys.exit``, a crash), it aborts every open heap of this process that the
 peer belongs to (:meth:`~iris.mem.SymmetricHeap.abort`): the waits of the kernels on the
 heap stop, running ones included, and the call raises :class:`~iris.mem.AbortedError`
-naming the peer and how it ended.
+naming the peer and how it ended. A peer whose program ended normally (it may have
+finished its part: a last send whose receiver runs later) only stops the waits that are
+still unmet, which raise; calls whose data is all there go on. A peer that failed (killed,
+an exception, a crash) aborts the heap: every later use raises.
 
 How it ended comes from the peer itself where it could say: a process with a heap
 reports an uncaught exception ("raised ValueError: ...") or a normal end of Python
@@ -46,6 +49,8 @@ _log = logging.getLogger("iris.mem.watchdog")
 
 #: Store keys under which processes report how they ended (followed by the pid namespace and pid).
 _REPORT_KEY = "iris/exit"
+#: The report of a process whose Python program ended without an exception.
+CLEAN_END = "its Python program ended (normally or by sys.exit) without an exception"
 
 
 @dataclass(frozen=True)
@@ -116,34 +121,54 @@ def _run(interval: float) -> None:
                 with _lock:
                     _watched.pop(key, None)
                 continue
-            for peer in peers:
-                if _process.exited(peer.pid, peer.started):
-                    try:
-                        heap._abort_for_peer(peer, how_it_ended(peer))
-                    except Exception:  # noqa: BLE001 - the watchdog must go on for the other heaps
-                        _log.exception("aborting the heap after rank %d exited failed", peer.rank)
-                    break
+            gone = [p for p in peers if _process.exited(p.pid, p.started)]
+            if gone:
+                with _lock:  # each peer is reported once; the heap stays watched until aborted
+                    if key in _watched:
+                        _watched[key] = (ref, [p for p in peers if p not in gone])
+                _report(heap, gone)
         with _lock:
             if not _watched:
                 _thread = None
                 return
 
 
-def how_it_ended(peer: Peer) -> str:
-    """What is known of how ``peer``'s process ended."""
+def _report(heap: SymmetricHeap, gone: list[Peer]) -> None:
+    """Stop ``heap`` for the peers that exited: a failed one first (it aborts the heap)."""
+    ended = []
+    for peer in gone:
+        try:
+            ended.append((peer, *how_it_ended(peer)))
+        except Exception:  # noqa: BLE001 - the watchdog must go on for the other heaps
+            _log.exception("finding how rank %d ended failed", peer.rank)
+            ended.append((peer, "it ended (how could not be read)", False))
+    ended.sort(key=lambda e: e[2])  # failed (not clean) first: it aborts the heap
+    for peer, how, clean in ended:
+        try:
+            heap._abort_for_peer(peer, how, clean)
+        except Exception:  # noqa: BLE001 - the watchdog must go on for the other heaps
+            _log.exception("stopping the heap after rank %d exited failed", peer.rank)
+
+
+def how_it_ended(peer: Peer) -> tuple[str, bool]:
+    """What is known of how ``peer``'s process ended, and whether it ended cleanly (its
+    Python program ran to its end, or exited with code 0, with no exception)."""
     status = _process.exit_status(peer.pid)
     report = _read_report(peer.pid)
+    clean = (report == CLEAN_END or (report is None and status == "exited with code 0")) and status in (
+        None,
+        "exited with code 0",
+    )
     if report and status:
-        return f"{report}; {status}"
+        return f"{report}; {status}", clean
     if report or status:
-        return report or status  # type: ignore[return-value]
+        return report or status, clean  # type: ignore[return-value]
     return (
         "it ended without a word: killed by a signal (such as SIGKILL, or the out-of-memory "
         "killer), os._exit, or a crash"
-    )
+    ), False
 
 
-# --------------------------------------------------------------------------- reports
 def _key(pid: int) -> str:
     return f"{_REPORT_KEY}/{_process.pid_namespace()}/{pid}"
 
@@ -205,7 +230,16 @@ def _install_reports() -> None:
 
     sys.excepthook = excepthook
     # Registered after torch.distributed's own exit handlers, so it runs before them.
-    atexit.register(report_exit, "its Python program ended (normally or by sys.exit) without an exception")
+    atexit.register(report_exit, CLEAN_END)
 
 
-__all__ = ["Peer", "describe_exception", "how_it_ended", "identity", "report_exit", "watch", "watching"]
+__all__ = [
+    "CLEAN_END",
+    "Peer",
+    "describe_exception",
+    "how_it_ended",
+    "identity",
+    "report_exit",
+    "watch",
+    "watching",
+]

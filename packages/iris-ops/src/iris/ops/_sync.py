@@ -75,7 +75,7 @@ def wait(ctx, group, flag, gen, peer):
     """Spin (acquire, system scope) until the local ``flag`` reaches ``gen``; record a
     timeout naming ``peer`` (the rank expected to set it) after ``group.budget`` ns.
     Every thread reads after the wait."""
-    if wait_at_least(flag, gen, group.budget, group.status) < gen:
+    if wait_at_least(flag, gen, group.budget, group.status, peer) < gen:
         record_timeout(group.status, ctx.rank, peer, flag)
     tl.debug_barrier()
 

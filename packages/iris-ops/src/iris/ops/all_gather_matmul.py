@@ -237,7 +237,10 @@ def all_gather_matmul(
     _host.check_bias(op, bias, n)
     from . import _hier  # a group spanning nodes: fused within the node, staged between
 
-    spans, work = _hier.entry(group, a_shard.device, "all_gather_matmul", out, a_shard, b, bias, gather_dim=gather_dim, async_op=async_op)
+    spans, work = _hier.entry(
+        group, a_shard.device, "all_gather_matmul", out, a_shard, b, bias,
+        gather_dim=gather_dim, async_op=async_op,
+    )  # fmt: skip
     if spans:
         return work
     if a_shard.stride() != (ks, 1):

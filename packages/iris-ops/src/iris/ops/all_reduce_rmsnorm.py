@@ -208,7 +208,7 @@ def _await(ctx, group, flag, value, peer):
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     start = global_timer()
     budget = tl.where(tl.load(group.status, volatile=True) == 0, group.budget, 0)
-    while (seen != value) & keep_waiting(start, budget, group.status):
+    while (seen != value) & keep_waiting(start, budget, group.status, peer):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     if seen != value:
         record_timeout(group.status, ctx.rank, peer, flag)
@@ -577,7 +577,10 @@ def all_reduce_rmsnorm(
     _check_config(config)
     from . import _hier  # a group spanning nodes: fused within the node, staged between
 
-    spans, work = _hier.entry(group, inp.device, "all_reduce_rmsnorm", out, inp, weight, eps, residual, residual_out, async_op=async_op)
+    spans, work = _hier.entry(
+        group, inp.device, "all_reduce_rmsnorm", out, inp, weight, eps, residual, residual_out,
+        async_op=async_op,
+    )  # fmt: skip
     if spans:
         return work
     ranks, index = _host.group_position(group)

@@ -59,7 +59,9 @@ def matmul_reduce_scatter(
     _host.check_bias(op, bias, n)
     from . import _hier  # a group spanning nodes: fused within the node, staged between
 
-    spans, work = _hier.entry(group, a.device, "matmul_reduce_scatter", out, a, b, bias, scatter_dim=scatter_dim, async_op=async_op)
+    spans, work = _hier.entry(
+        group, a.device, "matmul_reduce_scatter", out, a, b, bias, scatter_dim=scatter_dim, async_op=async_op
+    )
     if spans:
         return work
     if _select.path(op, m * n * a.shape[1], size, a.device, config) == "composed":

@@ -47,7 +47,7 @@ def receive(ctx, group, base, offs, mask, flag, peer):
     start = global_timer()
     budget = tl.where(tl.load(group.status, volatile=True) == 0, group.budget, 0)
     missing = tl.sum((((lines >> 32) != flag) & mask).to(tl.int32))
-    while (missing > 0) & keep_waiting(start, budget, group.status):
+    while (missing > 0) & keep_waiting(start, budget, group.status, group.rank(peer)):
         lines = tl.load(base + offs, mask=mask, other=0, volatile=True)
         missing = tl.sum((((lines >> 32) != flag) & mask).to(tl.int32))
     if missing > 0:

@@ -149,7 +149,7 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
         peer = group.rank((group.index + i) % group.size)
         held = ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys")
         start = global_timer()
-        while (held != 0) & keep_waiting(start, group.budget, group.status):
+        while (held != 0) & keep_waiting(start, group.budget, group.status, peer):
             held = ctx.atomic_cas(lock, 0, 1, peer, sem="acquire", scope="sys")
         if held == 0:
             tl.debug_barrier()

@@ -111,7 +111,7 @@ def group_sync(
                 ctx.atomic_max(row + ME, epoch, peer, sem="release", scope="sys")
         for i in tl.static_range(GROUP):
             if i != ME:
-                if wait_at_least(row + i, epoch, budget, status) < epoch:
+                if wait_at_least(row + i, epoch, budget, status, tl.load(members + i)) < epoch:
                     record_timeout(status, ctx.rank, tl.load(members + i), row + i)
                 else:
                     theirs = tl.load(signatures + 2 * i, volatile=True)
