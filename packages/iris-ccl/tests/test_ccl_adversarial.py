@@ -19,7 +19,9 @@ from iris.mem.testing import run_world
 
 pytestmark = [pytest.mark.timeout(300)]
 
-SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "1"}
+#: Short waits; the watchdog off, so that a peer that already gave up and exited leaves the
+#: others to their own wait timeout (test_ccl_dead_peer.py covers the watchdog).
+SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "1", "IRIS_WATCHDOG": "0"}
 
 
 # --------------------------------------------------------------------------- settings

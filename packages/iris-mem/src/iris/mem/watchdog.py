@@ -127,6 +127,7 @@ def _run(interval: float) -> None:
                     if key in _watched:
                         _watched[key] = (ref, [p for p in peers if p not in gone])
                 _report(heap, gone)
+        heap = None  # not kept alive while the thread sleeps
         with _lock:
             if not _watched:
                 _thread = None
