@@ -75,11 +75,11 @@ def killed_in_init_body(rank, world_size, victims):
 def _dead_or_unnamed(names: set[str]) -> set[str]:
     """The segments of ``names`` that no live process owns (other jobs on the machine may
     hold segments of their own for a moment while they make their heaps)."""
-    from iris.mem.backends import cpu
+    from iris.mem._process import exited, pid_namespace
 
-    namespace = cpu._pid_namespace()
+    namespace = pid_namespace()
     owned = {n for n in names if n.startswith(f"iris-{namespace}-") and n.split("-")[2].isdigit()}
-    return (names - owned) | {n for n in owned if cpu._exited(int(n.split("-")[2]))}
+    return (names - owned) | {n for n in owned if exited(int(n.split("-")[2]))}
 
 
 @cpu_only
