@@ -21,6 +21,7 @@ import pickle
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -285,7 +286,76 @@ def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> 
     return output
 
 
-__all__ = ["RankResult", "WorldError", "launch_world", "record_duration", "run_example", "run_world"]
+def run_nodes(
+    script: str | os.PathLike, nodes: int, per_node: int, *args: str, timeout: float = 240.0,
+    marker: str = "CHECKS OK rank",
+) -> str:  # fmt: skip
+    """Run ``script`` as a job of ``nodes`` nodes of ``per_node`` ranks on this machine: one
+    torchrun agent per node (static rendezvous on a free local port; each agent is a node
+    for :func:`iris.mem.node_layout`), the script given ``args``. Every agent is killed
+    at ``timeout`` seconds. Returns the agents' output; raises AssertionError unless every
+    agent exited 0 and every rank printed a line ``"<marker> <global rank>"``.
+
+    Runs on the backend of ``IRIS_BACKEND`` (``cpu`` when unset); ``IRIS_NODE_ID`` is
+    removed from the agents' environment, so that each agent is a node."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = os.environ.get("IRIS_BACKEND", "cpu")
+    env = {**os.environ, "IRIS_BACKEND": backend, "OMP_NUM_THREADS": "1"}
+    if backend == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    env.pop("IRIS_NODE_ID", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={per_node}"]
+    cmd += ["--master_addr=127.0.0.1", f"--master_port={port}", "--max_restarts=0"]
+    started = time.monotonic()
+    agents = [
+        subprocess.Popen(
+            [*cmd, f"--node_rank={i}", os.fspath(script), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        for i in range(nodes)
+    ]
+    outputs = []
+    try:
+        for agent in agents:
+            out, _ = agent.communicate(timeout=max(1.0, started + timeout - time.monotonic()))
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+    name = f"{os.path.basename(os.fspath(script))} {nodes}x{per_node}"
+    seconds = time.monotonic() - started
+    record_duration("nodes", nodes * per_node, timeout, seconds, name, len(outputs) < nodes)
+    text = "\n".join(outputs)
+    if len(outputs) < nodes:
+        raise AssertionError(f"the agents did not finish within {timeout:g} s:\n{text[-4000:]}")
+    codes = [agent.returncode for agent in agents]
+    if codes != [0] * nodes:
+        raise AssertionError(f"agent exit codes {codes}:\n{text[-6000:]}")
+    seen = {line.split()[-1] for line in text.splitlines() if line.startswith(marker)}
+    if seen != {str(r) for r in range(nodes * per_node)}:
+        raise AssertionError(f"ranks that printed {marker!r}: {sorted(seen)}\n{text[-4000:]}")
+    return text
+
+
+__all__ = [
+    "RankResult",
+    "WorldError",
+    "launch_world",
+    "record_duration",
+    "run_example",
+    "run_nodes",
+    "run_world",
+]
 
 
 _SCALAR_LOAD = re.compile(r"^(?:@%p\d+ )?ld(?:\.volatile)?\.global\.b32 \{ %r\d+ \}, \[ (%rd\d+) \+ 0 \];")
