@@ -193,22 +193,48 @@ def table_size(collective: str, nbytes: int, world: int) -> int:
 def write_table(path: str, model: str, world: int, rules: dict[str, list], note: str) -> None:
     """Put ``rules`` under ``model`` and ``world`` into the table at ``path`` (made, or
     updated keeping its other entries), checked as ``auto`` will read it."""
+    about = "iris.ccl tuning table written by python -m iris.ccl.tune (iris.ccl._tuning)"
+    write_table_file(path, about, _tuning.load, model, world, rules, note)
+
+
+def write_table_file(path: str, about: str, load, model: str, world: int, rules: dict, note: str) -> None:
+    r"""Put ``rules`` under ``tables[model][world]`` (and ``note`` under ``measured``) into the
+    JSON table at ``path``, made or updated keeping its other entries; the file is replaced
+    only once ``load`` (a ``functools.cache``\ d reader that raises on a bad table) has read
+    the new one. For the tuning commands of iris.ccl and iris.ops."""
     table: dict = {}
     if os.path.exists(path):
         with open(path) as f:
             table = json.load(f)
-    table.setdefault("about", "iris.ccl tuning table written by python -m iris.ccl.tune (iris.ccl._tuning)")
+    table.setdefault("about", about)
     table.setdefault("tables", {}).setdefault(model, {})[str(world)] = rules
     table.setdefault("measured", {}).setdefault(model, {})[str(world)] = note
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(table, f, indent=1)
-    _tuning.load.cache_clear()
+    load.cache_clear()
     try:
-        _tuning.load(tmp)
+        load(tmp)
     finally:
-        _tuning.load.cache_clear()
+        load.cache_clear()
     os.replace(tmp, path)
+
+
+def start_session(parser: argparse.ArgumentParser, args: argparse.Namespace) -> iris.mem.Capabilities:
+    """What a tuning command does first: ``--smoke`` only on the CPU backend (one round of
+    one call), this rank's GPU under a launcher (``LOCAL_RANK``), the process group; returns
+    the device's capabilities."""
+    caps = iris.mem.capabilities(iris.mem.default_device())
+    if args.smoke:
+        if not caps.interpreted:
+            parser.error("--smoke runs on the CPU backend: set IRIS_BACKEND=cpu")
+        args.rounds, args.calls = 1, 1
+    if caps.streams:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        caps = iris.mem.capabilities(iris.mem.default_device())
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if caps.streams else "gloo")
+    return caps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,18 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20, help="calls per timed round")
     parser.add_argument("--smoke", action="store_true", help="the CPU backend, tiny sizes, one round")
     args = parser.parse_args(argv)
-    device = iris.mem.default_device()
-    caps = iris.mem.capabilities(device)
-    if args.smoke:
-        if not caps.interpreted:
-            parser.error("--smoke runs on the CPU backend: set IRIS_BACKEND=cpu")
-        args.rounds, args.calls = 1, 1
-    if caps.streams:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        device = iris.mem.default_device()
-        caps = iris.mem.capabilities(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if caps.streams else "gloo")
+    caps = start_session(parser, args)
     world, rank = dist.get_world_size(), dist.get_rank()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s] or (SMOKE_SIZES if args.smoke else SIZES)
     collectives = [c for c in args.collectives.split(",") if c]

@@ -18,8 +18,6 @@ Timing as ``python -m iris.ccl.tune`` does it. ``--smoke``: the CPU backend, tin
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
@@ -27,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.ccl.tune import time_calls
+from iris.ccl.tune import start_session, time_calls, write_table_file
 
 from . import _select
 
@@ -102,21 +100,8 @@ def _release() -> None:
 def write_table(path: str, model: str, world: int, rules: dict[str, list], note: str) -> None:
     """Put ``rules`` under ``model`` and ``world`` into the table at ``path`` (made, or updated
     keeping its other entries), checked as ``auto`` will read it."""
-    table: dict = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            table = json.load(f)
-    table.setdefault("about", "iris.ops path table written by python -m iris.ops.tune (iris.ops._select)")
-    table.setdefault("tables", {}).setdefault(model, {})[str(world)] = rules
-    table.setdefault("measured", {}).setdefault(model, {})[str(world)] = note
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(table, f, indent=1)
-    try:
-        _select.load(tmp)
-    finally:
-        _select.load.cache_clear()
-    os.replace(tmp, path)
+    about = "iris.ops path table written by python -m iris.ops.tune (iris.ops._select)"
+    write_table_file(path, about, _select.load, model, world, rules, note)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,17 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=10, help="calls per timed round")
     parser.add_argument("--smoke", action="store_true", help="the CPU backend, tiny shapes, one round")
     args = parser.parse_args(argv)
-    device = iris.mem.default_device()
-    caps = iris.mem.capabilities(device)
-    if args.smoke:
-        if not caps.interpreted:
-            parser.error("--smoke runs on the CPU backend: set IRIS_BACKEND=cpu")
-        args.rounds, args.calls = 1, 1
-    if caps.streams:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        caps = iris.mem.capabilities(iris.mem.default_device())
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if caps.streams else "gloo")
+    caps = start_session(parser, args)
     world, rank = dist.get_world_size(), dist.get_rank()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     shapes = shapes or (SMOKE_SHAPES if args.smoke else SHAPES)
