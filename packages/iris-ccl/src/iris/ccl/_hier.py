@@ -56,7 +56,8 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.re
 class Hier:
     """The node structure of one group spanning nodes, with its subgroups."""
 
-    def __init__(self, group, layout: NodeLayout, backend: str):
+    def __init__(self, group, layout: NodeLayout, device: torch.device):
+        backend = iris.mem.capabilities(device).backend
         me = dist.get_rank()
         self.group, self.layout = group, layout
         self.size = len(layout.ranks)
@@ -77,7 +78,7 @@ class Hier:
         if self.intra is not None:  # its iris.ccl heap now, while every member is here
             from . import _comm
 
-            _comm.own(self.intra, _device_of(backend))
+            _comm.own(self.intra, device)
         if self.uniform:
             # chunk order of the regrouped all_gather / reduce_scatter / all_to_all buffers:
             # local index a, then inter-group position b (the rank R(a, b))
@@ -409,10 +410,6 @@ class Hier:
             barrier(group=self.intra, config=config)
 
 
-def _device_of(backend: str) -> torch.device:
-    return iris.mem.default_device() if backend != "cpu" else torch.device("cpu")
-
-
 #: The node structure of each group spanning nodes (keyed weakly by the group object).
 _BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -430,7 +427,7 @@ def spanning(group, device: torch.device | None = None) -> Hier | None:
     hier = _BY_GROUP.get(key)
     if hier is None:
         dev = device if device is not None else iris.mem.default_device()
-        hier = _BY_GROUP[key] = Hier(group, layout, iris.mem.capabilities(dev).backend)
+        hier = _BY_GROUP[key] = Hier(group, layout, dev)
     return hier
 
 
