@@ -1,6 +1,7 @@
 """A rank of a loop of iris.ccl collectives dies: the others end within seconds with an error
 naming it (default settings: the wait timeout is 300 s); iris.ccl.abort() stops a collective
-spinning on a peer that never comes. (The conftest fixture checks /dev/shm is left clean.)"""
+spinning on a peer that never comes. (The conftest fixture checks /dev/shm is left clean.)
+3 ranks on the CPU backend; the GPU tier (``IRIS_BACKEND=cuda``) runs the same at 2 ranks."""
 
 import os
 import signal
@@ -15,14 +16,39 @@ import iris.ccl
 import iris.mem
 from iris.mem.testing import launch_world, run_world
 
-pytestmark = [pytest.mark.timeout(300)]
+BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
+#: Ranks of the dead-rank worlds: 3 on the CPU backend, 2 in the GPU tier (one GPU each).
+WORLD = 2 if BACKEND == "cuda" else 3
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        BACKEND == "cuda" and torch.cuda.device_count() < 2, reason="the GPU tier needs 2 GPUs"
+    ),
+]
+
+
+def _device() -> torch.device:
+    """This rank's device (launch_world numbers the GPUs by rank)."""
+    if BACKEND == "cuda":
+        torch.cuda.set_device(dist.get_rank())
+        return torch.device("cuda", dist.get_rank())
+    return torch.device("cpu")
+
+
+def _finish(x: torch.Tensor) -> None:
+    """Surface what the device recorded (GPUs record; the CPU backend raises at once)."""
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    iris.ccl.check_errors()
 
 
 def all_reduce_loop_body(rank, world_size, victim, how, in_place):
+    dev = _device()
     heap = iris.mem.init(1 << 20) if in_place else None
     n = 1037
-    x = heap.ones(n) if in_place else torch.ones(n)
-    out = heap.zeros(n) if in_place else torch.zeros(n)
+    x = heap.ones(n) if in_place else torch.ones(n, device=dev)
+    out = heap.zeros(n) if in_place else torch.zeros(n, device=dev)
     died = time.monotonic()
     for i in range(1000):
         if i == 3 and rank == victim:
@@ -33,12 +59,14 @@ def all_reduce_loop_body(rank, world_size, victim, how, in_place):
             died = time.monotonic()
         try:
             iris.ccl.all_reduce(out, x)
+            _finish(out)
         except iris.mem.AbortedError as e:
             seconds = time.monotonic() - died
             with pytest.raises(iris.mem.AbortedError):  # the group's collectives stay refused
                 iris.ccl.all_reduce(out, x)
+                _finish(out)
             return str(e), e.rank, seconds
-        assert torch.equal(out, torch.full((n,), float(world_size)))
+        assert torch.equal(out.cpu(), torch.full((n,), float(world_size)))
     return None
 
 
@@ -46,13 +74,14 @@ def all_reduce_loop_body(rank, world_size, victim, how, in_place):
     "how, in_place", [("kill", False), ("raise", True)], ids=["sigkill-staged", "raise-in-place"]
 )
 def test_dead_rank_ends_the_survivors_within_seconds(how, in_place):
-    results = launch_world(all_reduce_loop_body, 3, 2, how, in_place, timeout=240)
-    assert results[2].exitcode != 0
-    for r in results[:2]:
+    victim = WORLD - 1
+    results = launch_world(all_reduce_loop_body, WORLD, victim, how, in_place, timeout=240)
+    assert results[victim].exitcode != 0
+    for r in results[:victim]:
         assert r.ok, r.error
         assert r.value is not None, "the loop ended without the victim"
         message, rank, seconds = r.value
-        assert rank == 2 and "rank 2 of the symmetric heap" in message, message
+        assert rank == victim and f"rank {victim} of the symmetric heap" in message, message
         if how == "raise":
             assert "raised RuntimeError: rank fails mid-loop on purpose" in message
         assert seconds < 10, f"{seconds:.1f} s"
@@ -60,8 +89,10 @@ def test_dead_rank_ends_the_survivors_within_seconds(how, in_place):
 
 def abort_body(rank, world_size):
     """Rank 1 skips a collective; rank 0's spins until a thread calls iris.ccl.abort()."""
-    x = torch.ones(100)
+    dev = _device()
+    x = torch.ones(100, device=dev)
     iris.ccl.all_reduce(x, x)
+    _finish(x)
     result = None
     if rank == 0:
         timer = threading.Timer(1.0, iris.ccl.abort, kwargs={"reason": "the trainer gave up"})
@@ -69,11 +100,12 @@ def abort_body(rank, world_size):
         timer.start()
         try:
             iris.ccl.all_reduce(x, x)
+            _finish(x)
         except iris.mem.AbortedError as e:
             result = (str(e), time.monotonic() - started)
         timer.join()
         with pytest.raises(iris.mem.AbortedError, match="the trainer gave up"):
-            iris.ccl.all_gather(torch.zeros(200), x)
+            iris.ccl.all_gather(torch.zeros(200, device=dev), x)
     dist.barrier()
     return result
 
@@ -84,6 +116,7 @@ def test_abort_stops_a_collective_waiting_for_a_missing_peer():
     assert 0.9 <= seconds < 5, seconds
 
 
+@pytest.mark.skipif(BACKEND == "cuda", reason="checked on the CPU tier")
 def test_abort_without_a_process_group_is_a_no_op():
     iris.ccl.abort()
 
@@ -91,15 +124,19 @@ def test_abort_without_a_process_group_is_a_no_op():
 def last_send_body(rank, world_size):
     """Rank 1 sends and its program ends at once; rank 0 receives after rank 1 is gone: the
     message was delivered before, so the receive succeeds."""
-    x = torch.arange(50, dtype=torch.float32)
+    dev = _device()
+    x = torch.arange(50, dtype=torch.float32, device=dev)
     iris.ccl.all_reduce(x.clone(), x)  # make the group's state on both ranks
+    _finish(x)
     if rank == 1:
         iris.ccl.send(x * 2, 0)
+        _finish(x)
         return None
     time.sleep(3)  # rank 1 has exited and its watchdog report is in
-    got = torch.zeros(50)
+    got = torch.zeros(50, device=dev)
     iris.ccl.recv(got, 1)
-    return got.tolist()
+    _finish(got)
+    return got.cpu().tolist()
 
 
 def test_receive_after_the_sender_ended_normally():

@@ -3,34 +3,59 @@ collective, root) get a CallMismatchError on every rank naming both calls, with 
 settings and no debug mode, instead of wrong values or a wait timeout; the group works again
 at its next call."""
 
+import os
+
 import pytest
 import torch
+import torch.distributed as dist
 
 import iris.ccl
 import iris.mem
 from iris.ccl import Config
 from iris.mem.testing import run_world
 
-pytestmark = [pytest.mark.timeout(300)]
+BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
+#: 3 ranks on the CPU backend; the GPU tier (``IRIS_BACKEND=cuda``) runs the same at 2.
+WORLD = 2 if BACKEND == "cuda" else 3
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        BACKEND == "cuda" and torch.cuda.device_count() < 2, reason="the GPU tier needs 2 GPUs"
+    ),
+]
+
+
+def _device() -> torch.device:
+    if BACKEND == "cuda":
+        torch.cuda.set_device(dist.get_rank())
+        return torch.device("cuda", dist.get_rank())
+    return torch.device("cpu")
 
 
 def _all_reduce(rank, heap, n, dtype=torch.float32, op="sum", variant=None):
-    x = heap.ones(n, dtype=dtype) if heap is not None else torch.ones(n, dtype=dtype)
-    out = heap.zeros(n, dtype=dtype) if heap is not None else torch.zeros(n, dtype=dtype)
+    dev = _device()
+    x = heap.ones(n, dtype=dtype) if heap is not None else torch.ones(n, dtype=dtype, device=dev)
+    out = heap.zeros(n, dtype=dtype) if heap is not None else torch.zeros(n, dtype=dtype, device=dev)
     iris.ccl.all_reduce(out, x, op=op, config=Config(variant=variant) if variant else None)
     return out
 
 
 def _case(rank, world_size, name, call):
-    """Run ``call``; the error text, or a note that the call returned."""
+    """Run ``call`` and surface what the device recorded (GPUs record, the CPU raises at
+    once); the error text, or None when the call returned."""
     try:
         call()
+        if BACKEND == "cuda":
+            torch.cuda.synchronize()
+        iris.ccl.check_errors()
     except iris.mem.CallMismatchError as e:
         return name, str(e)
     return name, None
 
 
 def mismatch_body(rank, world_size):
+    dev = _device()
     heap = iris.mem.init(1 << 20)
     first = rank == 0
     cases = [
@@ -42,24 +67,24 @@ def mismatch_body(rank, world_size):
         (
             "collective",
             lambda: (
-                iris.ccl.all_gather(torch.zeros(3 * world_size), torch.ones(3))
+                iris.ccl.all_gather(torch.zeros(3 * world_size, device=dev), torch.ones(3, device=dev))
                 if first
                 else _all_reduce(rank, None, 3)
             ),
         ),
-        ("root", lambda: iris.ccl.broadcast(torch.ones(40), src=0 if first else 1)),
+        ("root", lambda: iris.ccl.broadcast(torch.ones(40, device=dev), src=0 if first else 1)),
     ]
     results = [_case(rank, world_size, name, call) for name, call in cases]
     # After each mismatch the group's state was rebuilt: a right call gives the right answer.
     out = _all_reduce(rank, None, 33)
     heap.close()
-    return results, out.tolist()
+    return results, out.cpu().tolist()
 
 
 def test_mismatched_calls_raise_on_every_rank_naming_both():
-    ranks = run_world(mismatch_body, 3, timeout=240)
+    ranks = run_world(mismatch_body, WORLD, timeout=240)
     for rank, (results, out) in enumerate(ranks):
-        assert out == [3.0] * 33
+        assert out == [float(WORLD)] * 33
         for name, message in results:
             assert message is not None, f"rank {rank}: the {name} mismatch returned"
             if name in ("count", "dtype", "op"):
@@ -82,11 +107,11 @@ def matched_body(rank, world_size):
         for dtype in (torch.float32, torch.bfloat16):
             for variant in (None, "ll", "one_shot", "two_shot"):
                 out = _all_reduce(rank, heap if n % 2 else None, n, dtype, variant=variant)
-                assert torch.equal(out, torch.full((n,), float(world_size), dtype=dtype))
+                assert torch.equal(out.cpu(), torch.full((n,), float(world_size), dtype=dtype))
     heap.close()
     return True
 
 
 @pytest.mark.full
 def test_matched_calls_never_flagged():
-    assert run_world(matched_body, 3, timeout=600) == [True] * 3
+    assert run_world(matched_body, WORLD, timeout=600) == [True] * WORLD
