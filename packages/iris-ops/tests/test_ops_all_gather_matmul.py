@@ -31,6 +31,8 @@ CASES = {
     1: [
         dict(dtype=torch.float16, shard=(37, 43), n=29, bias=True, out_kind="plain", gather_dim=0),
         dict(dtype=torch.bfloat16, shard=(5, 20), n=70, bias=False, out_kind="heap", gather_dim=1),
+        # 16-byte rows, more than 16 of them: on a GPU with TMA, A is read through a descriptor
+        dict(dtype=torch.bfloat16, shard=(45, 72), n=70, bias=True, out_kind="plain", gather_dim=0),
     ],
     2: [
         dict(dtype=torch.bfloat16, shard=(13, 43), n=29, bias=True, out_kind="heap", gather_dim=0, repeat=2),

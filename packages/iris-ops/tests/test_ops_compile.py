@@ -112,6 +112,21 @@ PROFILES = [
         True,
     ),
 ]
+#: Profiles compiled for one kernel only, on top of PROFILES: all_gather_matmul reading the
+#: gathered A through one tensor descriptor over its workspace, along K and in the decode
+#: layout where the whole gathered A is one tile row (``COMBINED``).
+KERNEL_PROFILES = {
+    "iris.ops.all_gather_matmul._all_gather_matmul_kernel": [
+        ("bf16 TMA along K", "bf16", 8192, 8192, _flags(True, False, False, True, tma=True), True),
+        (
+            "bf16 gathered TMA",
+            "bf16",
+            128,
+            8192,
+            {**_flags(True, True, False, False, tma=True), "COMBINED": True},
+        ),
+    ],
+}
 COMMON = {
     "RANK": 1,
     "WORLD": 2,
@@ -263,6 +278,23 @@ def ptx_problems(ptx: str, block_m: int = 64) -> list[str]:
     return problems + unordered_counter_updates(ptx)  # counters every thread reads in order
 
 
+def descriptors_without_tma_loads(ptx: str, descriptors: list[str]) -> list[str]:
+    """The names in ``descriptors`` (the kernel's tensor-descriptor parameters, in order)
+    that no ``cp.async.bulk.tensor`` load reads: each descriptor parameter is a 128-byte
+    ``.param`` whose address (``mov.b64``, ``cvta.param``) must reach a TMA load's operand."""
+    params = re.findall(r"\.param\s+\.align\s+64\s+\.b8\s+(\w+)\[128\]", ptx)
+    if len(params) != len(descriptors):
+        return list(descriptors)  # not laid out as expected: none is shown to be read
+    aliases = {p: {p} for p in params}
+    for _ in range(2):  # mov.b64 %r, param; cvta.param.u64 %r2, %r
+        for dst, src in re.findall(r"(?:mov\.b64|cvta\.param\.u64)\s+(%\w+),\s+(%?\w+);", ptx):
+            for names in aliases.values():
+                if src in names:
+                    names.add(dst)
+    used = set(re.findall(r"cp\.async\.bulk\.tensor\.[^\[]*\[[^\]]*\],\s*\[(%?\w+)", ptx))
+    return [name for name, p in zip(descriptors, params) if not aliases[p] & used]
+
+
 def norm_signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, list[str], list[str]]:
     """(signature, constexpr values, 16-divisible argument names, unknown names) of one of
     all_reduce_rmsnorm's kernels."""
@@ -398,7 +430,7 @@ def child_main() -> dict:
             failures += compile_norm(qualname, fn)
             compiled[qualname] = len(NORM_PROFILES[NORM_KERNELS[qualname]])
             continue
-        for label, dtype, rows, cols, extra, *wide in PROFILES:
+        for label, dtype, rows, cols, extra, *wide in PROFILES + KERNEL_PROFILES.get(qualname, []):
             cfg = select(rows, cols, dtypes[dtype], SMS, False, None, wide=bool(wide))
             constexprs = {
                 **COMMON, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
@@ -426,6 +458,9 @@ def child_main() -> dict:
             failures += [f"{what}: {p}" for p in ptx_problems(k.asm["ptx"], cfg.block_m)]
             if tma and "cp.async.bulk.tensor" not in k.asm["ptx"]:
                 failures.append(f"{what}: no cp.async.bulk.tensor although operands are tensor descriptors")
+            descriptors = [name for name, kind in sig.items() if kind.startswith("tensordesc")]
+            for name in descriptors_without_tma_loads(k.asm["ptx"], descriptors):
+                failures.append(f"{what}: {name} is a tensor descriptor but no cp.async.bulk.tensor reads it")
             itemsize = 4 if dtype == "fp32" else 2
             stage = (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
             if k.metadata.shared < 2 * stage:
@@ -485,7 +520,11 @@ def test_every_ops_kernel_compiles_for_hopper_on_the_fast_path():
     for name in result["kernels"]:
         if name.startswith(MOE_PREFIX):
             continue
-        expected = len(NORM_PROFILES[NORM_KERNELS[name]]) if name in NORM_KERNELS else len(PROFILES)
+        expected = (
+            len(NORM_PROFILES[NORM_KERNELS[name]])
+            if name in NORM_KERNELS
+            else len(PROFILES) + len(KERNEL_PROFILES.get(name, []))
+        )
         assert result["compiled"].get(name) == expected, (
             f"{name} compiled {result['compiled'].get(name)} times"
         )
@@ -516,6 +555,26 @@ def test_ptx_checks_catch_a_slow_kernel():
     small = ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] + good[1:]
     assert ptx_problems("\n".join(small), block_m=16) == []
     assert len(ptx_problems("\n".join(small))) == 1  # 64-row tiles must use wgmma
+
+
+def test_descriptor_check_catches_an_operand_read_with_pointers():
+    """Negative control of the TMA check: of two descriptor parameters, the one whose address
+    never reaches a ``cp.async.bulk.tensor`` is reported; both reaching one pass."""
+    head = [
+        ".param .align 64 .b8 k_param_13[128],",
+        ".param .align 64 .b8 k_param_18[128],",
+        "mov.b64 %rd41, k_param_18;",
+        "cvta.param.u64 %rd156, %rd41;",
+        "mov.b64 %rd42, k_param_13;",
+        "cvta.param.u64 %rd155, %rd42;",
+    ]
+    load = "@%p1 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    load += " [%r1], [{}, {{%r2, %r3}}], [%r4];"
+    only_b = "\n".join(head + [load.format("%rd156")])
+    assert descriptors_without_tma_loads(only_b, ["a_desc", "b_desc"]) == ["a_desc"]
+    both = only_b + "\n" + load.format("%rd155")
+    assert descriptors_without_tma_loads(both, ["a_desc", "b_desc"]) == []
+    assert descriptors_without_tma_loads(both, ["b_desc"]) == ["b_desc"]  # a parameter unaccounted for
 
 
 def test_norm_ptx_checks_catch_a_slow_kernel():

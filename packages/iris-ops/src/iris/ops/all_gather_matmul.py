@@ -16,6 +16,10 @@ claim output tiles from a counter:
 * along K: every tile needs every shard; it multiplies this rank's K slice first, then
   each peer's slice once its row block has arrived.
 
+Where TMA is available (and ``Config.tma`` on), the GEMM reads A through one tensor
+descriptor over the workspace's shard slots, seen as one ``(G*MS, KS)`` matrix; the own
+shard is then copied into its slot before the launch and read from there.
+
 Nothing is pulled from a peer, so nothing of this rank's is read after the kernel ends:
 the only barrier is the pushers' start barrier (a peer's workspace is free once that peer
 has entered the call).
@@ -103,14 +107,25 @@ def _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks):
 
 
 @triton.jit
+def _proxy_fence(TMA_A: tl.constexpr):
+    """With ``TMA_A``: order the shard rows a wait has just acquired (stored by peers through
+    ordinary stores) before this program's copy-engine reads of them (another memory proxy)."""
+    if TMA_A:
+        tl.inline_asm_elementwise(
+            "fence.proxy.async.global;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
 def _all_gather_matmul_kernel(
     context, members, sync_flags, epochs, status, budget, state, ready,
-    a, b, bias, out, ws, b_desc,
+    a, b, bias, out, ws, a_desc, b_desc,
     MS, N, KS, stride_bk, stride_bn, stride_om, stride_on, pushers,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PUSH_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATHER_K: tl.constexpr,
-    TMA_B: tl.constexpr, ALIGNED: tl.constexpr, COMBINED: tl.constexpr = False, PUSH_M: tl.constexpr = 16,
+    TMA_A: tl.constexpr, TMA_B: tl.constexpr, ALIGNED: tl.constexpr, COMBINED: tl.constexpr = False,
+    PUSH_M: tl.constexpr = 16,
 ):  # fmt: skip
     """Every shard is ``MS x KS`` (row-major; ``a`` is this rank's). Along M (``GATHER_K``
     False) ``out`` is ``(GROUP*MS, N)`` and ``b`` ``(KS, N)``; along K ``out`` is ``(MS, N)``
@@ -120,7 +135,13 @@ def _all_gather_matmul_kernel(
     ``COMBINED`` (along M, when all ``GROUP*MS`` rows fit in one tile row: decode shapes):
     the pushers split the shard by columns (``PUSH_M x PUSH_K`` blocks) and copy it into
     this rank's own slot too, so ``ws`` holds the gathered A as one ``(GROUP*MS, KS)``
-    matrix; every tile waits for all shards and reads B once, instead of once per shard."""
+    matrix; every tile waits for all shards and reads B once, instead of once per shard.
+
+    ``TMA_A``: A is read through ``a_desc``, one tensor descriptor over all ``GROUP*MS`` rows
+    of ``ws`` seen as a ``(GROUP*MS, KS)`` matrix (this rank's own shard copied into its slot
+    before the launch; in a group of one, a descriptor over ``a`` itself). Member ``j``'s row
+    block ``r`` starts at row ``j*MS + r*BLOCK_M``; a tile's rows past its shard belong to the
+    next one (or are zero-filled past the end) and their results are never stored."""
     ctx = Context.initialize(context, RANK, WORLD)
     group = Group.initialize(members, sync_flags, epochs, status, budget, GROUP, ME)
     gen = call_generation(state)
@@ -146,9 +167,10 @@ def _all_gather_matmul_kernel(
             pid_n = i
             for j in tl.static_range(GROUP):
                 wait(ctx, group, ready + j, gen * pushers, group.rank(j))
+            _proxy_fence(TMA_A)
             acc = matmul_tile(
                 acc, ws, b, 0, GROUP * MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ws, 0, b_desc, 0, pid_n * BLOCK_N, False, TMA_B,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, 0, b_desc, 0, pid_n * BLOCK_N, TMA_A, TMA_B,
             )  # fmt: skip
             out_row = pid_m * 0
             rows_valid = GROUP * MS
@@ -157,11 +179,12 @@ def _all_gather_matmul_kernel(
             for s in range(GROUP):  # this rank's K slice first
                 j = (ME + s) % GROUP
                 src = _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks)
+                _proxy_fence(TMA_A)
                 b_slice = b + tl.cast(j, tl.int64) * KS * stride_bk
                 acc = matmul_tile(
                     acc, src, b_slice, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS,
                     KS, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                    src, 0, b_desc, j * KS, pid_n * BLOCK_N, False, TMA_B,
+                    a_desc, j * MS + pid_m * BLOCK_M, b_desc, j * KS, pid_n * BLOCK_N, TMA_A, TMA_B,
                 )  # fmt: skip
             out_row = pid_m * 0
             rows_valid = MS
@@ -170,9 +193,11 @@ def _all_gather_matmul_kernel(
             c = (ME + position) % GROUP
             pid_m, pid_n = grouped_tile(i - position * chunk_tiles, row_blocks, tiles_n, GROUP_M)
             src = _shard_source(ctx, group, a, ws, ready, gen, c, pid_m, MS, KS, row_blocks)
+            _proxy_fence(TMA_A)
             acc = matmul_tile(
                 acc, src, b, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, src, 0, b_desc, 0, pid_n * BLOCK_N, False, TMA_B,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, c * MS + pid_m * BLOCK_M, b_desc, 0,
+                pid_n * BLOCK_N, TMA_A, TMA_B,
             )  # fmt: skip
             out_row = c * MS
             rows_valid = MS
@@ -184,6 +209,22 @@ def _all_gather_matmul_kernel(
         tl.store(out + origin + offs, acc.to(out.dtype.element_ty), mask=mask)
         i = claim_tile(state)
     finish_call(state, gen)
+
+
+def _gathered_a(a_shard: torch.Tensor, shards: torch.Tensor, size: int, index: int, combined: bool, cfg):
+    """``(a_desc, TMA_A)`` of the kernel: one tensor descriptor (blocks ``BLOCK_M x BLOCK_K``)
+    over the gathered A as a ``(size*MS, KS)`` matrix, where TMA is available, the config asks
+    for it and the rows are 16-byte aligned; else ``(shards, False)`` (pointer loads). In a
+    group of one it covers ``a_shard`` itself; otherwise the workspace's shard slots, this
+    rank's own shard copied into its slot here (with ``combined`` the pushers copy it)."""
+    ms, ks = a_shard.shape
+    if not (cfg.tma and iris.mem.capabilities(a_shard.device).tma):
+        return shards, False
+    gathered = a_shard if size == 1 else shards[: size * ms * ks].view(size * ms, ks)
+    desc, tma = _host.tma_operand(gathered, (cfg.block_m, cfg.block_k), True)
+    if tma and size > 1 and not combined:
+        gathered[index * ms : (index + 1) * ms].copy_(a_shard)
+    return (desc, True) if tma else (shards, False)
 
 
 def all_gather_matmul(
@@ -274,13 +315,15 @@ def all_gather_matmul(
         # Along K a B block past a slice's end holds the next slice's rows: only exact slices.
         use_tma = cfg.tma and (gather_dim == 0 or ks % cfg.block_k == 0)
         b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), use_tma)
+        a_desc, tma_a = _gathered_a(a_shard, ws.buffers["shards"], size, index, combined, cfg)
         _host.launch(
             _all_gather_matmul_kernel, grid, ws, cfg,
             ws.buffers["ready"], a_shard, b, bias if bias is not None else a_shard, out, ws.buffers["shards"],
-            b_desc,
+            a_desc, b_desc,
             ms, n, ks, *b.stride(), *out.stride(), min(pushers, grid),
             PUSH_M=push_m, PUSH_K=push_k,
-            EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1, TMA_B=tma_b,
+            EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1,
+            TMA_A=tma_a, TMA_B=tma_b,
             ALIGNED=_host.aligned(ws.buffers["shards"], ks), COMBINED=combined,
         )  # fmt: skip
     return _host.finish(a_shard.device, async_op)
