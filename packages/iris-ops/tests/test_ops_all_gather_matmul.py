@@ -63,7 +63,7 @@ def agm_case(rank, world, case, heap, dtype, shard, n, bias, out_kind, gather_di
         a_shard = rand(shard, dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(rank, case, 3 * i + 2)) if bias else None
-        cfg = iris.ops.Config(tma=tma)
+        cfg = iris.ops.Config(tma=tma, path="fused")  # the kernel (test_ops_paths: the composed path)
         returned = iris.ops.all_gather_matmul(
             out, a_shard, b, vec, gather_dim=gather_dim, workspace=ws, config=cfg
         )

@@ -55,7 +55,8 @@ def mag_case(rank, world, case, heap, dtype, shape, bias, out_kind, repeat=1, tm
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(rank, case, 3 * i + 2)) if bias else None  # each rank its own
-        returned = iris.ops.matmul_all_gather(out, a, b, vec, workspace=ws, config=iris.ops.Config(tma=tma))
+        cfg = iris.ops.Config(tma=tma, path="fused")  # the kernel (test_ops_paths: the composed path)
+        returned = iris.ops.matmul_all_gather(out, a, b, vec, workspace=ws, config=cfg)
         mine = a.double() @ b.double() + (vec.double() if bias else 0)
         want = gathered(mine, 0)
         return returned, out, want, want.abs().max().item()

@@ -107,7 +107,7 @@ def ar_case(
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        cfg = iris.ops.Config(split=split, tma=tma, order=order, num_sms=sms, stream=stream)
+        cfg = iris.ops.Config(split=split, tma=tma, order=order, num_sms=sms, stream=stream, path="fused")
         returned = iris.ops.matmul_all_reduce(out, a, b, vec, config=cfg, group=group, workspace=ws)
         partial = a.double() @ b.double()
         want = summed(partial, group) + (vec.double() if bias else 0)

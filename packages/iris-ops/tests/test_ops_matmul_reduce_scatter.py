@@ -105,7 +105,7 @@ def rs_case(
         a = rand((m, k), dtype, seed(rank, case, 3 * i))
         b = rand((k, n), dtype, seed(rank, case, 3 * i + 1))
         vec = rand((n,), dtype, seed(0, case, 3 * i + 2)) if bias else None  # the same on every rank
-        cfg = iris.ops.Config(tma=tma, order=order, num_sms=sms, stream=stream)
+        cfg = iris.ops.Config(tma=tma, order=order, num_sms=sms, stream=stream, path="fused")
         returned = iris.ops.matmul_reduce_scatter(
             out, a, b, vec, scatter_dim=scatter_dim, workspace=ws, config=cfg
         )
