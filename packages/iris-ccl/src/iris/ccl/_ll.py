@@ -121,20 +121,23 @@ def _receive(box, flag, ctx, group, peer: tl.constexpr, BLOCK: tl.constexpr):
     one after another."""
     words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
     start = global_timer()
-    missing = tl.sum(((words >> 32) != flag).to(tl.int32))
-    other = ((words >> 48) == (flag >> 16)) & (((words >> 32) & 0xFFFF) != (flag & 0xFFFF))
+    flags = words >> 32
+    missing = tl.sum((flags != flag).to(tl.int32))
+    # A sender's words of one launch all carry its signature: the largest flag is this
+    # launch's (older launches have smaller numbers, but at the wrap of the launch numbers).
+    newest = tl.max(flags)
+    other = ((newest >> 16) == (flag >> 16)) & (newest != flag)  # this launch, another call
     sender = group.rank(peer)
-    stopped = tl.sum(other.to(tl.int32))
-    while (missing > 0) & (stopped == 0) & keep_waiting(start, group.budget, group.status, sender):
+    while (missing > 0) & (other == 0) & keep_waiting(start, group.budget, group.status, sender):
         words = tl.load(box + tl.arange(0, BLOCK), volatile=True)
-        missing = tl.sum(((words >> 32) != flag).to(tl.int32))
-        other = ((words >> 48) == (flag >> 16)) & (((words >> 32) & 0xFFFF) != (flag & 0xFFFF))
-        stopped = tl.sum(other.to(tl.int32))
-    if stopped > 0:
-        theirs = tl.max(tl.where(other, (words >> 32) & 0xFFFF, 0))
-        record_mismatch(group.status, ctx.rank, group.rank(peer), group.sig, theirs)
+        flags = words >> 32
+        missing = tl.sum((flags != flag).to(tl.int32))
+        newest = tl.max(flags)
+        other = ((newest >> 16) == (flag >> 16)) & (newest != flag)
+    if other:
+        record_mismatch(group.status, ctx.rank, sender, group.sig, newest & 0xFFFF)
     elif missing > 0:
-        record_timeout(group.status, ctx.rank, group.rank(peer), box)
+        record_timeout(group.status, ctx.rank, sender, box)
     return words
 
 
