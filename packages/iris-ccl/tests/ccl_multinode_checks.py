@@ -9,6 +9,7 @@ Usage: ``python ccl_multinode_checks.py RANKS_PER_NODE [--ops] [--full]``.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -18,16 +19,20 @@ import iris.ccl
 import iris.mem
 
 SHAPE = (5, 7)  # 35 elements: odd, no block multiple
+#: The cuda backend (IRIS_BACKEND=cuda): each rank on its GPU (LOCAL_RANK), NCCL between
+#: nodes for CUDA tensors; otherwise the CPU with gloo.
+CUDA = os.environ.get("IRIS_BACKEND") == "cuda"
 
 
 def data(rank: int, salt: int, dtype: torch.dtype, numel: int = 35) -> torch.Tensor:
     """Small integers (exact in every dtype and sum) that differ per rank and salt."""
     g = torch.Generator().manual_seed(1000 * salt + rank)
-    return torch.randint(-4, 5, (numel,), generator=g).to(torch.float64).to(dtype)
+    values = torch.randint(-4, 5, (numel,), generator=g, device="cpu").to(torch.float64).to(dtype)
+    return values.to(torch.get_default_device())
 
 
 def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    got64, want64 = got.to(torch.float64).reshape(-1), want.to(torch.float64).reshape(-1)
+    got64, want64 = got.cpu().to(torch.float64).reshape(-1), want.cpu().to(torch.float64).reshape(-1)
     if got64.shape != want64.shape or not torch.allclose(got64, want64, rtol=1e-2, atol=1e-2):
         raise AssertionError(f"rank {dist.get_rank()}: {what}: got {got64.tolist()} want {want64.tolist()}")
 
@@ -149,7 +154,11 @@ def main() -> None:
     per_node = int(sys.argv[1])
     want_ops = "--ops" in sys.argv
     full = "--full" in sys.argv
-    dist.init_process_group("gloo")
+    if CUDA:
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        torch.set_default_device(f"cuda:{local}")  # every tensor of the checks on this rank's GPU
+    dist.init_process_group("cpu:gloo,cuda:nccl" if CUDA else "gloo")
     world = dist.get_world_size()
     check_heap(per_node)
     dtypes = (
