@@ -27,22 +27,29 @@ pytestmark = pytest.mark.timeout(300)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
+def variant_for(rules: list, nbytes: int) -> str:
+    """The variant of the rule of ``rules`` that covers ``nbytes``."""
+    from iris.ccl import tuning
+
+    return tuning.pick(rules, nbytes)[1]
+
+
 def test_packaged_table_picks_a_variant_of_each_collective():
-    from iris.ccl import _tuning, config
+    from iris.ccl import config
 
     table = config.tuning_table()
     assert "2" in table["tables"]["NVIDIA H200"], "the packaged table holds the measured 2 x H200"
     for collective in COLLECTIVES:
         for world in (1, 2, 3, 4, 8):
             for model, nvlink in (("NVIDIA H200", True), ("NVIDIA H100 PCIe", False), ("interpreter", None)):
-                rules, _ = _tuning.rules_for(collective, world, model, nvlink)
+                rules, _ = config.rules_for(collective, world, model, nvlink)
                 for nbytes in (1, 8 << 10, 1 << 20, 64 << 20, 1 << 30, 1 << 40):
-                    variant = _tuning.pick(rules, nbytes)[0]
+                    variant = variant_for(rules, nbytes)
                     assert variant in config.VARIANTS[collective] and variant not in ("auto", "gluon")
     # the measured table: small messages take the barrier-free variant, large ones the copy engines
-    h200 = _tuning.rules_for("all_reduce", 2, "NVIDIA H200", True)
+    h200 = config.rules_for("all_reduce", 2, "NVIDIA H200", True)
     assert h200[1].endswith("tuning.json")
-    assert _tuning.pick(h200[0], 8 << 10)[0] == "ll" and _tuning.pick(h200[0], 1 << 30)[0] == "copy_engine"
+    assert variant_for(h200[0], 8 << 10) == "ll" and variant_for(h200[0], 1 << 30) == "copy_engine"
     # on the CPU backend (no GPU model) auto takes the heuristic
     assert config.select("all_reduce", 8 << 10, 2, True, None).variant == "ll"
     assert config.auto_variant("all_reduce", 1 << 30, 2) == "two_shot"
@@ -51,37 +58,37 @@ def test_packaged_table_picks_a_variant_of_each_collective():
 def test_unknown_gpu_model_takes_the_heuristic_not_the_h200_table():
     """A GPU model (or group size) the packaged table was not measured on gets the documented
     heuristic, never the 2 x H200 rules: by size, group size and NVLink."""
-    from iris.ccl import _tuning
+    from iris.ccl import _tuning, config
 
-    h200, source = _tuning.rules_for("all_reduce", 2, "NVIDIA H200", True)
+    h200, source = config.rules_for("all_reduce", 2, "NVIDIA H200", True)
     assert source.endswith("tuning.json")
     for model, world in (("NVIDIA H100 80GB HBM3", 2), ("NVIDIA H200", 4), ("NVIDIA H200", 3)):
         for nvlink in (True, False, None):
-            rules, source = _tuning.rules_for("all_reduce", world, model, nvlink)
+            rules, source = config.rules_for("all_reduce", world, model, nvlink)
             assert source == "heuristic" and rules != h200
             assert rules == _tuning.heuristic_rules("all_reduce", world, nvlink)
     # by size: ll for small messages (2 x H200 picks boxed at 512 KiB, the heuristic two_shot)
-    nvl = _tuning.rules_for("all_reduce", 2, "NVIDIA B200", True)[0]
-    assert _tuning.pick(nvl, 128 << 10)[0] == "ll" and _tuning.pick(nvl, 512 << 10)[0] == "two_shot"
-    assert _tuning.pick(h200, 512 << 10)[0] == "boxed"
+    nvl = config.rules_for("all_reduce", 2, "NVIDIA B200", True)[0]
+    assert variant_for(nvl, 128 << 10) == "ll" and variant_for(nvl, 512 << 10) == "two_shot"
+    assert variant_for(h200, 512 << 10) == "boxed"
     # by group size: the ll range shrinks as 2/G (all_gather, keyed by the output, keeps it)
     assert _tuning.heuristic_rules("all_reduce", 8, True)[0] == [64 << 10, "ll"]
     assert _tuning.heuristic_rules("all_gather", 8, True)[0] == [1 << 20, "ll"]
     # by NVLink: peers over PCIe move bulk data with the copy engines
     pcie = _tuning.heuristic_rules("all_gather", 2, False)
-    assert _tuning.pick(pcie, 64 << 20)[0] == "copy_engine" and _tuning.pick(pcie, 4 << 20)[0] == "push"
-    assert _tuning.pick(_tuning.heuristic_rules("reduce_scatter", 2, False), 1 << 30)[0] == "pull"
+    assert variant_for(pcie, 64 << 20) == "copy_engine" and variant_for(pcie, 4 << 20) == "push"
+    assert variant_for(_tuning.heuristic_rules("reduce_scatter", 2, False), 1 << 30) == "pull"
 
 
 def test_tune_rules_fold_and_the_written_table_is_read(tmp_path, monkeypatch):
     """``python -m iris.ccl.tune``'s pieces: measured points fold into rules; the table is
     written under the model and group size (keeping other entries) and ``auto`` reads it
     through IRIS_CCL_TABLE for that model only."""
-    from iris.ccl import _tuning, tune
+    from iris.ccl import config, tune, tuning
 
-    points = [(8 << 10, "ll", {}), (1 << 20, "boxed", {"block_size": 8192}), (2 << 20, "boxed", {})]
-    points += [(4 << 20, "boxed", {}), (64 << 20, "two_shot", {})]
-    assert _tuning.fold(points) == [
+    points = [(8 << 10, "ll"), (1 << 20, "boxed", {"block_size": 8192}), (2 << 20, "boxed")]
+    points += [(4 << 20, "boxed"), (64 << 20, "two_shot")]
+    assert tuning.fold(points) == [
         [8 << 10, "ll"],
         [1 << 20, "boxed", {"block_size": 8192}],
         [4 << 20, "boxed"],
@@ -89,16 +96,168 @@ def test_tune_rules_fold_and_the_written_table_is_read(tmp_path, monkeypatch):
     ]
     assert tune.table_size("all_gather", 1 << 20, 4) == 4 << 20 and tune.parse_size("2MiB") == 2 << 20
     path = str(tmp_path / "mine.json")
-    tune.write_table(path, "Test GPU", 4, {"all_reduce": [[1024, "ll"], [None, "one_shot"]]}, "note")
-    tune.write_table(path, "Test GPU", 2, {"all_gather": [[None, "pull"]]}, "note")
+    config.TABLES.write(path, "Test GPU", 4, {"all_reduce": [[1024, "ll"], [None, "one_shot"]]}, "note")
+    config.TABLES.write(path, "Test GPU", 2, {"all_gather": [[None, "pull"]]}, "note")
     table = json.loads(Path(path).read_text())
     assert set(table["tables"]["Test GPU"]) == {"2", "4"}
     with pytest.raises(RuntimeError, match="variants of all_reduce"):
-        tune.write_table(path, "Test GPU", 2, {"all_reduce": [[None, "pull"]]}, "note")
+        config.TABLES.write(path, "Test GPU", 2, {"all_reduce": [[None, "pull"]]}, "note")
     monkeypatch.setenv("IRIS_CCL_TABLE", path)
-    assert _tuning.rules_for("all_reduce", 4, "Test GPU", True) == ([[1024, "ll"], [None, "one_shot"]], path)
-    assert _tuning.rules_for("all_reduce", 4, "Other GPU", True)[1] == "heuristic"
-    assert _tuning.rules_for("all_gather", 2, "Test GPU", None)[0] == [[None, "pull"]]
+    assert config.rules_for("all_reduce", 4, "Test GPU", True) == ([[1024, "ll"], [None, "one_shot"]], path)
+    assert config.rules_for("all_reduce", 4, "Other GPU", True)[1] == "heuristic"
+    assert config.rules_for("all_gather", 2, "Test GPU", None)[0] == [[None, "pull"]]
+
+
+# ---------------------------------------------------------------------------- iris.ccl.tuning
+
+
+def table_format(tmp_path, packaged: dict, legacy: bool = False):
+    """A table format of a made-up owner: keys "k1" and "k2", choices "a" and "b" (optionally
+    followed by a positive int), the user's table in ``IRIS_TEST_TABLE``."""
+    from iris.ccl import tuning
+
+    path = tmp_path / "packaged.json"
+    path.write_text(json.dumps(packaged))
+    return tuning.TableFormat(
+        owner="iris.test",
+        env="IRIS_TEST_TABLE",
+        packaged=path,
+        key="thing",
+        bound="max_size",
+        choice="choice",
+        check=lambda key, rule: key in ("k1", "k2") and rule[1] in ("a", "b") and len(rule) <= 3,
+        requirement=lambda key: f"for a thing of k1, k2 with choices a, b (not {key})",
+        about="a test table",
+        legacy=legacy,
+    )
+
+
+def test_tuning_pick_takes_the_first_covering_rule_and_fold_merges_neighbours():
+    from iris.ccl import tuning
+
+    rules = [[10, "a"], [100, "b", 7], [None, "a"]]
+    assert [tuning.pick(rules, n) for n in (0, 10, 11, 100, 101, 1 << 40)] == [
+        [10, "a"], [10, "a"], [100, "b", 7], [100, "b", 7], [None, "a"], [None, "a"],
+    ]  # fmt: skip
+    # unsorted points; equal neighbours merge into the larger size; the last is open-ended
+    points = [(64, "b"), (1, "a"), (8, "a"), (16, "b", 3), (32, "b", 3), (128, "b")]
+    assert tuning.fold(points) == [[8, "a"], [32, "b", 3], [None, "b"]]
+    assert tuning.fold([(5, "a")]) == [[None, "a"]] and tuning.fold([]) == []
+    # a rule folded from points picks, at every measured size, what was measured there
+    folded = tuning.fold(points)
+    for size, *choice in points:
+        assert tuning.pick(folded, size)[1:] == choice
+
+
+def test_tuning_model_key_is_the_gpu_model_or_interpreter():
+    import dataclasses
+
+    import iris.mem
+    from iris.ccl import tuning
+
+    caps = iris.mem.capabilities(torch.device("cpu"))
+    assert tuning.model_key(dataclasses.replace(caps, name="")) == tuning.INTERPRETER == "interpreter"
+    assert tuning.model_key(dataclasses.replace(caps, name="NVIDIA H200")) == "NVIDIA H200"
+
+
+@pytest.mark.parametrize(
+    "table, legacy, words",
+    [
+        ("{not json", False, ["iris.test: cannot read the tuning table", "IRIS_TEST_TABLE"]),
+        ([1, 2], False, ["iris.test: tuning table", "JSON object", "list"]),
+        ({"rules": []}, False, ['"tables" must map GPU models']),
+        ({"tables": {"X": []}}, False, ['"tables" must map GPU models']),
+        ({"tables": {"X": {"two": {}}}}, False, ["'X' must map group sizes", "thing"]),
+        ({"tables": {"X": {"0": {}}}}, False, ["'X' must map group sizes"]),
+        ({"tables": {"X": {"2": []}}}, False, ["'X' must map group sizes"]),
+        ({"tables": {"X": {"2": {"k1": []}}}}, False, ["'X', group size 2: rules of 'k1'", "[null, choice]"]),
+        ({"tables": {"X": {"2": {"k1": [[4, "a"]]}}}}, False, ["[[max_size, choice], ..., [null, choice]]"]),
+        ({"tables": {"X": {"2": {"k1": [[None, "a"], [None, "b"]]}}}}, False, ["rules of 'k1'"]),
+        ({"tables": {"X": {"2": {"k1": [[-1, "a"], [None, "b"]]}}}}, False, ["rules of 'k1'"]),
+        ({"tables": {"X": {"2": {"k1": [[True, "a"], [None, "b"]]}}}}, False, ["rules of 'k1'"]),
+        ({"tables": {"X": {"2": {"k1": [[None, "c"]]}}}}, False, ["with choices a, b (not k1)"]),
+        ({"tables": {"X": {"2": {"k3": [[None, "a"]]}}}}, False, ["(not k3)"]),
+        ({"default": {"k1": [[None, "a"]]}}, False, ['"tables" must map GPU models']),
+        ({"default": {"k1": [[4, "a"]]}}, True, ["\"default\": rules of 'k1'"]),
+        ({"default": [1]}, True, ['"default" must map each thing']),
+        ({"world_sizes": {"2": {"k2": [[None, "c"]]}}}, True, ['"world_sizes", group size 2: rules of']),
+        ({"world_sizes": []}, True, ['"world_sizes" must map group sizes']),
+    ],
+)
+def test_tuning_load_names_the_file_and_the_fault(tmp_path, table, legacy, words):
+    fmt = table_format(tmp_path, {"tables": {}}, legacy)
+    path = tmp_path / "bad.json"
+    path.write_text(table if isinstance(table, str) else json.dumps(table))
+    with pytest.raises(RuntimeError) as info:
+        fmt.load(str(path))
+    assert str(path) in str(info.value) and all(w in str(info.value) for w in words), info.value
+
+
+def test_tuning_rules_come_from_the_user_table_then_the_packaged_one_then_the_heuristic(
+    tmp_path, monkeypatch
+):
+    """Each source serves only its GPU model and group size; the model-less form (a format
+    with ``legacy``) only from the user's table, for any model."""
+    packaged = {"tables": {"GPU A": {"2": {"k1": [[None, "a"]]}}}, "default": {"k2": [[None, "a"]]}}
+    calls = []
+
+    def heuristic():
+        calls.append(1)
+        return [[None, "b"]]
+
+    monkeypatch.delenv("IRIS_TEST_TABLE", raising=False)
+    for legacy in (False, True):
+        fmt = table_format(tmp_path, packaged, legacy)
+        calls.clear()
+        assert fmt.rules_for("k1", 2, "GPU A", heuristic) == ([[None, "a"]], str(fmt.packaged))
+        assert not calls, "the heuristic is asked only where no table holds rules"
+        for key, size, model in (("k1", 4, "GPU A"), ("k1", 2, "GPU B"), ("k2", 2, "GPU A")):
+            assert fmt.rules_for(key, size, model, heuristic) == ([[None, "b"]], "heuristic")
+    user = tmp_path / "user.json"
+    user.write_text(
+        json.dumps(
+            {"tables": {"GPU A": {"4": {"k1": [[9, "b"], [None, "a"]]}}}, "default": {"k2": [[None, "b", 1]]}}
+        )
+    )
+    monkeypatch.setenv("IRIS_TEST_TABLE", str(user))
+    for legacy in (False, True):
+        fmt = table_format(tmp_path, packaged, legacy)
+        assert fmt.rules_for("k1", 4, "GPU A", heuristic) == ([[9, "b"], [None, "a"]], str(user))
+        # the user's table has nothing for this model and size: the packaged one serves
+        assert fmt.rules_for("k1", 2, "GPU A", heuristic) == ([[None, "a"]], str(fmt.packaged))
+        assert fmt.rules_for("k1", 4, "GPU B", heuristic)[1] == "heuristic"
+        model_less = fmt.rules_for("k2", 8, "GPU B", heuristic)
+        assert model_less == (([[None, "b", 1]], str(user)) if legacy else ([[None, "b"]], "heuristic"))
+    # a bad user table is an error, not a silent fallback
+    user.write_text(json.dumps({"tables": {"GPU A": {"4": {"k1": [[None, "c"]]}}}}))
+    with pytest.raises(RuntimeError, match="user.json"):
+        table_format(tmp_path, packaged).rules_for("k1", 4, "GPU A", heuristic)
+
+
+def test_tuning_write_round_trip_keeps_other_entries(tmp_path):
+    """``TableFormat.write`` makes a file that loads to what was written, merges into an
+    existing one (other models and group sizes kept, the same one replaced), and leaves the
+    file as it was when the new rules are bad."""
+    fmt = table_format(tmp_path, {"tables": {}})
+    path = str(tmp_path / "out.json")
+    fmt.write(path, "GPU A", 2, {"k1": [[64, "a"], [None, "b"]]}, "measured on A")
+    table = fmt.load(path)
+    assert table["tables"] == {"GPU A": {"2": {"k1": [[64, "a"], [None, "b"]]}}}
+    assert table["about"] == "a test table" and table["measured"] == {"GPU A": {"2": "measured on A"}}
+    fmt.write(path, "GPU A", 4, {"k2": [[None, "a"]]}, "4 ranks")
+    fmt.write(path, "GPU B", 2, {"k1": [[None, "b", 5]]}, "B")
+    fmt.write(path, "GPU A", 2, {"k1": [[None, "a"]]}, "again")
+    table = fmt.load(path)  # read anew: write drops what was cached
+    assert table["tables"] == {
+        "GPU A": {"2": {"k1": [[None, "a"]]}, "4": {"k2": [[None, "a"]]}},
+        "GPU B": {"2": {"k1": [[None, "b", 5]]}},
+    }
+    assert table["measured"]["GPU A"] == {"2": "again", "4": "4 ranks"}
+    before = Path(path).read_text()
+    with pytest.raises(RuntimeError, match="with choices a, b"):
+        fmt.write(path, "GPU A", 2, {"k1": [[None, "z"]]}, "bad")
+    assert Path(path).read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "packaged.json"]
 
 
 @pytest.mark.full

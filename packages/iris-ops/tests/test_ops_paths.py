@@ -162,6 +162,13 @@ def test_config_path_is_validated():
 # ---------------------------------------------------------------------------- the selection
 
 
+def path_for(rules: list, work: int) -> str:
+    """The path of the rule of ``rules`` that covers ``work`` (through iris.ccl.tuning)."""
+    from iris.ccl import tuning
+
+    return tuning.pick(rules, work)[1]
+
+
 def test_auto_reads_the_table_of_its_model_and_group_size(tmp_path, monkeypatch):
     """Synthetic tables: rules by work for one GPU model and group size; another model or
     group size takes the heuristic, never that table."""
@@ -173,7 +180,7 @@ def test_auto_reads_the_table_of_its_model_and_group_size(tmp_path, monkeypatch)
     monkeypatch.setenv("IRIS_OPS_TABLE", str(path))
     got, source = _select.rules_for("matmul_all_reduce", 2, "Test GPU", True, False)
     assert (got, source) == (rules, str(path))
-    assert [_select.pick(got, w) for w in (1, 1 << 20, (1 << 20) + 1, 1 << 30, 1 << 40)] == [
+    assert [path_for(got, w) for w in (1, 1 << 20, (1 << 20) + 1, 1 << 30, 1 << 40)] == [
         "composed", "composed", "fused", "fused", "composed",
     ]  # fmt: skip
     for model, size, op in (("NVIDIA H200", 2, "matmul_all_reduce"), ("Test GPU", 4, "matmul_all_reduce"),
@@ -198,11 +205,11 @@ def test_heuristic_by_size_group_and_links():
     decode, prefill = 16 * 8192 * 4096, 1024 * 8192 * 4096
     for nvlink in (True, None):
         rules = h("matmul_reduce_scatter", 2, nvlink, False)
-        assert _select.pick(rules, decode) == "composed" and _select.pick(rules, prefill) == "fused"
-    assert _select.pick(h("matmul_all_gather", 2, True, False), 64 * 8192 * 4096) == "fused"
+        assert path_for(rules, decode) == "composed" and path_for(rules, prefill) == "fused"
+    assert path_for(h("matmul_all_gather", 2, True, False), 64 * 8192 * 4096) == "fused"
     limit = _select.FUSED_FROM["matmul_all_reduce"]
-    assert _select.pick(h("matmul_all_reduce", 8, True, False), limit) == "composed"
-    assert _select.pick(h("matmul_all_reduce", 8, True, False), 4 * limit) == "fused"
+    assert path_for(h("matmul_all_reduce", 8, True, False), limit) == "composed"
+    assert path_for(h("matmul_all_reduce", 8, True, False), 4 * limit) == "fused"
     # forcing wins over everything
     cpu = torch.device("cpu")
     import iris.ops
@@ -213,10 +220,11 @@ def test_heuristic_by_size_group_and_links():
 
 
 def test_fold_and_bad_tables(tmp_path):
+    from iris.ccl import tuning
     from iris.ops import _select
 
     points = [(1 << 28, "composed"), (1 << 30, "composed"), (1 << 33, "fused"), (1 << 35, "fused")]
-    assert _select.fold(points) == [[1 << 30, "composed"], [None, "fused"]]
+    assert tuning.fold(points) == [[1 << 30, "composed"], [None, "fused"]]
     for content, words in (
         ("{nope", "cannot read"),
         (json.dumps({"tables": {"X": {"2": {"matmul_all_reduce": [[4, "fused"]]}}}}), "[null, path]"),
@@ -228,7 +236,7 @@ def test_fold_and_bad_tables(tmp_path):
         path = tmp_path / f"t{abs(hash(content))}.json"
         path.write_text(content)
         with pytest.raises(RuntimeError, match="iris.ops") as info:
-            _select.load(str(path))
+            _select.TABLES.load(str(path))
         assert words in str(info.value), info.value
 
 
@@ -295,18 +303,18 @@ def test_composed_path_captures_in_a_cuda_graph():
 def test_tune_writes_a_table_auto_reads(tmp_path, monkeypatch):
     """The table ``python -m iris.ops.tune`` writes: under the model and group size, other
     entries kept, checked before it replaces the file; ``auto`` reads it for that model."""
-    from iris.ops import _select, tune
+    from iris.ops import _select
 
     path = str(tmp_path / "ops.json")
     two = {"matmul_all_gather": [[1 << 30, "composed"], [None, "fused"]]}
-    tune.write_table(path, "Test GPU", 2, two, "n")
-    tune.write_table(path, "Test GPU", 4, {"matmul_all_gather": [[None, "composed"]]}, "n")
+    _select.TABLES.write(path, "Test GPU", 2, two, "n")
+    _select.TABLES.write(path, "Test GPU", 4, {"matmul_all_gather": [[None, "composed"]]}, "n")
     with pytest.raises(RuntimeError, match="paths of"):
-        tune.write_table(path, "Test GPU", 4, {"matmul_all_gather": [[None, "cublas"]]}, "n")
+        _select.TABLES.write(path, "Test GPU", 4, {"matmul_all_gather": [[None, "cublas"]]}, "n")
     monkeypatch.setenv("IRIS_OPS_TABLE", path)
     assert _select.rules_for("matmul_all_gather", 4, "Test GPU", True, False)[0] == [[None, "composed"]]
     rules = _select.rules_for("matmul_all_gather", 2, "Test GPU", True, False)[0]
-    assert _select.pick(rules, 1 << 30) == "composed" and _select.pick(rules, 1 << 31) == "fused"
+    assert path_for(rules, 1 << 30) == "composed" and path_for(rules, 1 << 31) == "fused"
 
 
 @pytest.mark.full

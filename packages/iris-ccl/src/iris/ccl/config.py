@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import Path
 
 import iris.mem
 
-from . import _tuning, variants
-from .settings import table_path
+from . import _tuning, tuning, variants
+from .settings import TABLE_ENV, table_path
 
 #: Upper bound of ``Config.programs``: the sync slots of a communicator (``_comm.MAX_SLOTS``).
 MAX_PROGRAMS = 8192
@@ -103,15 +105,66 @@ def select(
 
 #: Config fields a tuning-table rule may set besides the variant (``Config(variant="auto")``
 #: on GPUs; fields the caller sets win).
-TABLE_FIELDS = _tuning.TABLE_FIELDS
-_PACKAGED_TABLE = _tuning.PACKAGED_TABLE
-_load_table = _tuning.load
+TABLE_FIELDS = ("block_size", "num_warps", "chunk_elements", "programs")
+
+
+def _valid_rule(collective: str, rule: list) -> bool:
+    """``[max_bytes or None, variant]`` or ``[max_bytes or None, variant, {field: value}]``
+    with a registered variant of ``collective`` ("auto" is none) and launch fields of
+    :data:`TABLE_FIELDS` that make a valid :class:`Config`."""
+    if len(rule) not in (2, 3) or not isinstance(rule[1], str) or variants.get(collective, rule[1]) is None:
+        return False
+    if len(rule) == 3:
+        fields = rule[2]
+        if not isinstance(fields, dict) or not set(fields) <= set(TABLE_FIELDS):
+            return False
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in fields.values()):
+            return False
+        try:
+            Config(**fields)
+        except ValueError:
+            return False
+    return True
+
+
+#: The tuning tables of the collectives: ``tables[GPU model][group size][collective]`` =
+#: ``[[max_bytes, variant], ..., [null, variant]]``, a rule optionally followed by the
+#: launch fields measured for it; ``IRIS_CCL_TABLE`` may also name a table of the first,
+#: model-less form (``"world_sizes"`` / ``"default"``, as ``benchmarks/ccl/bench_ccl.py
+#: --write-table`` writes), which then applies to whatever GPU it is used on.
+TABLES = tuning.TableFormat(
+    owner="iris.ccl",
+    env=TABLE_ENV,
+    packaged=Path(__file__).with_name("tuning.json"),
+    key="collective",
+    bound="max_bytes",
+    choice="variant",
+    check=_valid_rule,
+    requirement=lambda collective: (
+        f"with variants of {collective}, each optionally followed by {{field: value}} of "
+        f"{list(TABLE_FIELDS)} (valid Config values)"
+    ),
+    about="iris.ccl tuning table written by python -m iris.ccl.tune (iris.ccl.tuning)",
+    legacy=True,
+)
+# the names benchmarks/ccl/bench_ccl.py reads the packaged table by
+_PACKAGED_TABLE = TABLES.packaged
+_load_table = TABLES.load
 
 
 def tuning_table() -> dict:
     """The tuning table file in use: the one ``$IRIS_CCL_TABLE`` names, else the packaged
-    ``tuning.json`` (keyed by GPU model and group size; see :mod:`iris.ccl._tuning`)."""
-    return _load_table(table_path() or str(_PACKAGED_TABLE))
+    ``tuning.json`` (keyed by GPU model and group size; see :data:`TABLES`)."""
+    return TABLES.load(table_path() or str(TABLES.packaged))
+
+
+def rules_for(collective: str, world_size: int, model: str, nvlink: bool | None) -> tuple[list, str]:
+    """The rules ``auto`` uses for ``collective`` on ``world_size`` GPUs of ``model`` (see
+    :func:`iris.ccl.tuning.model_key`), and where they come from (a path, or
+    ``"heuristic"``): ``IRIS_CCL_TABLE``, the packaged table, else
+    :func:`iris.ccl._tuning.heuristic_rules` by ``nvlink``."""
+    heuristic = functools.partial(_tuning.heuristic_rules, collective, world_size, nvlink)
+    return TABLES.rules_for(collective, world_size, model, heuristic)
 
 
 def auto_variant(collective: str, nbytes: int, world_size: int, device=None) -> str:
@@ -128,8 +181,9 @@ def auto_rule(collective: str, nbytes: int, world_size: int, device=None) -> tup
     GPU model and ``world_size`` (``IRIS_CCL_TABLE``, then the packaged table), else the
     heuristic of :func:`iris.ccl._tuning.heuristic_rules`."""
     caps = iris.mem.capabilities(device if device is not None else iris.mem.default_device())
-    rules, _ = _tuning.rules_for(collective, world_size, _tuning.model_key(caps), caps.nvlink)
-    return _tuning.pick(rules, nbytes)
+    rules, _ = rules_for(collective, world_size, tuning.model_key(caps), caps.nvlink)
+    rule = tuning.pick(rules, nbytes)
+    return rule[1], dict(rule[2]) if len(rule) == 3 else {}
 
 
 def __getattr__(name: str):

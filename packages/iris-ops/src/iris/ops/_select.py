@@ -8,7 +8,8 @@ gathered rows for all_gather_matmul), with rules read, first match wins, from:
 1. the table file ``IRIS_OPS_TABLE`` names (written by ``python -m iris.ops.tune``);
 2. the packaged ``tuning.json``;
 
-each keyed by GPU model (``iris.mem.capabilities(device).name``) and group size::
+each keyed by GPU model (``iris.mem.capabilities(device).name``) and group size and read
+through :mod:`iris.ccl.tuning` (:data:`TABLES`)::
 
     {"tables": {"<GPU model>": {"<group size>": {"<op>": [[max_work, path], ..., [null, path]]}}}}
 
@@ -24,20 +25,15 @@ links), so every rank of a group of identical GPUs takes the same path.
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 import iris.mem
-from iris.mem import settings
+from iris.ccl import tuning
 
 from .config import Config, check_config
 
 OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_gather")
 PATHS = ("fused", "composed")
-TABLE_ENV = "IRIS_OPS_TABLE"
-PACKAGED_TABLE = Path(__file__).with_name("tuning.json")
-#: The model key of a machine whose kernels run in Triton's interpreter.
-INTERPRETER = "interpreter"
 
 #: Work (multiply-adds of one rank's GEMM) from which the heuristic runs the fused kernel in
 #: a group of two GPUs joined by NVLink; in a group of G it is scaled by G/2. Below it the
@@ -74,70 +70,34 @@ def heuristic_rules(op: str, world_size: int, nvlink: bool | None, interpreted: 
     return [[FUSED_FROM[op] * world_size // 2 - 1, "composed"], [None, "fused"]]
 
 
-@functools.cache
-def load(path: str) -> dict:
-    """The path table in ``path``, checked (a RuntimeError naming the file and the fault)."""
-    try:
-        with open(path) as f:
-            table = json.load(f)
-    except (OSError, ValueError) as e:
-        raise RuntimeError(f"iris.ops: cannot read the tuning table {path} ({TABLE_ENV}): {e}") from e
-    models = table.get("tables") if isinstance(table, dict) else None
-    if not isinstance(models, dict):
-        raise RuntimeError(f'iris.ops: tuning table {path}: expected {{"tables": {{GPU model: ...}}}}')
-    for model, groups in models.items():
-        for size, ops in groups.items() if isinstance(groups, dict) else [(None, None)]:
-            if not (isinstance(size, str) and size.isdigit() and isinstance(ops, dict)):
-                raise RuntimeError(
-                    f'iris.ops: tuning table {path}: {model!r} must map group sizes ("2", ...) to '
-                    f"{{op: rules}}, got {groups!r}"
-                )
-            for op, rules in ops.items():
-                if op not in OPS or not _valid(rules):
-                    raise RuntimeError(
-                        f"iris.ops: tuning table {path}: {model!r}, group size {size}: rules of {op!r} "
-                        f"must be [[max_work, path], ..., [null, path]] for an op of {list(OPS)} with "
-                        f"paths of {list(PATHS)}, got {rules!r}"
-                    )
-    return table
+def _valid_rule(op: str, rule: list) -> bool:
+    """``[max_work or None, path]`` for an op of :data:`OPS`."""
+    return op in OPS and len(rule) == 2 and rule[1] in PATHS
 
 
-def _valid(rules: object) -> bool:
-    if not isinstance(rules, list) or not rules:
-        return False
-    for i, rule in enumerate(rules):
-        if not (isinstance(rule, list) and len(rule) == 2 and rule[1] in PATHS):
-            return False
-        bound = rule[0]
-        last = i == len(rules) - 1
-        if last != (bound is None):
-            return False
-        if not last and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
-            return False
-    return True
-
-
-def model_key(caps) -> str:
-    """The key of ``caps``' machine in tables: its GPU model, or :data:`INTERPRETER`."""
-    return caps.name or INTERPRETER
+#: The path tables of the fused ops: ``tables[GPU model][group size][op]`` =
+#: ``[[max_work, path], ..., [null, path]]``.
+TABLES = tuning.TableFormat(
+    owner="iris.ops",
+    env="IRIS_OPS_TABLE",
+    packaged=Path(__file__).with_name("tuning.json"),
+    key="op",
+    bound="max_work",
+    choice="path",
+    check=_valid_rule,
+    requirement=lambda op: f"for an op of {list(OPS)} with paths of {list(PATHS)}",
+    about="iris.ops path table written by python -m iris.ops.tune (iris.ops._select)",
+)
 
 
 def rules_for(
     op: str, world_size: int, model: str, nvlink: bool | None, interpreted: bool
 ) -> tuple[list, str]:
-    """The rules ``auto`` uses for ``op`` on ``world_size`` GPUs of ``model``, and where they
-    come from (a table's path, or ``"heuristic"``)."""
-    user = settings.text(TABLE_ENV)
-    for path in ([user] if user else []) + [str(PACKAGED_TABLE)]:
-        rules = load(path)["tables"].get(model, {}).get(str(world_size), {}).get(op)
-        if rules:
-            return rules, path
-    return heuristic_rules(op, world_size, nvlink, interpreted), "heuristic"
-
-
-def pick(rules: list, work: int) -> str:
-    """The path of the first rule of ``rules`` covering ``work``."""
-    return next(r[1] for r in rules if r[0] is None or work <= r[0])
+    """The rules ``auto`` uses for ``op`` on ``world_size`` GPUs of ``model`` (see
+    :func:`iris.ccl.tuning.model_key`), and where they come from (a table's path, or
+    ``"heuristic"``)."""
+    heuristic = functools.partial(heuristic_rules, op, world_size, nvlink, interpreted)
+    return TABLES.rules_for(op, world_size, model, heuristic)
 
 
 def path(op: str, work: int, world_size: int, device, config: Config | None) -> str:
@@ -148,19 +108,5 @@ def path(op: str, work: int, world_size: int, device, config: Config | None) -> 
     if chosen != "auto":
         return chosen
     caps = iris.mem.capabilities(device)
-    rules, _ = rules_for(op, world_size, model_key(caps), caps.nvlink, caps.interpreted)
-    return pick(rules, work)
-
-
-def fold(points: list[tuple[int, str]]) -> list:
-    """Rules from measured ``(work, faster path)`` points: sorted by work, neighbours with the
-    same path merged, the last one open-ended."""
-    rules: list[list] = []
-    for work, chosen in sorted(points):
-        if rules and rules[-1][1] == chosen:
-            rules[-1][0] = work
-        else:
-            rules.append([work, chosen])
-    if rules:
-        rules[-1][0] = None
-    return rules
+    rules, _ = rules_for(op, world_size, tuning.model_key(caps), caps.nvlink, caps.interpreted)
+    return tuning.pick(rules, work)[1]

@@ -17,28 +17,24 @@ Timing as ``python -m iris.ccl.tune`` does it. ``--smoke``: the CPU backend, tin
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.ccl.tune import start_session, time_calls, write_table_file
+import iris.ops
+from iris.ccl import tuning
 
 from . import _select
 
 SHAPES = [(m, 8192, 4096) for m in (1, 16, 64, 128, 256, 512, 1024, 4096, 8192)]
 SMOKE_SHAPES = [(6, 40, 24), (12, 48, 40)]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def problem(op: str, m: int, n: int, k: int, world: int, heap, dtype):
     """``(call(config), out, work)`` of ``op`` at the global shape, or None when M is not
     divisible by the group where the op needs it."""
-    import iris.ops
-
     dev = heap.device
 
     def rand(*shape):
@@ -64,8 +60,6 @@ def problem(op: str, m: int, n: int, k: int, world: int, heap, dtype):
 
 def measure(op, shape, world, heap, dtype, rounds, calls):
     """``(times_us by path, problem or None, work)`` of ``op`` at ``shape``."""
-    import iris.ops
-
     made = problem(op, *shape, world, heap, dtype)
     if made is None:
         return {}, "M not divisible by the group size", 0
@@ -88,33 +82,15 @@ def measure(op, shape, world, heap, dtype, rounds, calls):
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if failed.item():
         return {}, trouble or "failed on another rank", work
-    return time_calls(fns, out.device, rounds, calls), None, work
-
-
-def _release() -> None:
-    import iris.ops
-
-    iris.ops.release_workspaces()
-
-
-def write_table(path: str, model: str, world: int, rules: dict[str, list], note: str) -> None:
-    """Put ``rules`` under ``model`` and ``world`` into the table at ``path`` (made, or updated
-    keeping its other entries), checked as ``auto`` will read it."""
-    about = "iris.ops path table written by python -m iris.ops.tune (iris.ops._select)"
-    write_table_file(path, about, _select.load, model, world, rules, note)
+    return tuning.time_calls(fns, out.device, rounds, calls), None, work
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m iris.ops.tune", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="the table file to write (updated when it exists)")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser = tuning.command_parser("python -m iris.ops.tune", __doc__, calls=10)
     parser.add_argument("--ops", default=",".join(_select.OPS))
     parser.add_argument("--shapes", default="", help="MxNxK,... (default: M = 1-8192 of 8192 x 4096)")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=10, help="calls per timed round")
-    parser.add_argument("--smoke", action="store_true", help="the CPU backend, tiny shapes, one round")
     args = parser.parse_args(argv)
-    caps = start_session(parser, args)
+    caps = tuning.start_session(parser, args)
     world, rank = dist.get_world_size(), dist.get_rank()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     shapes = shapes or (SMOKE_SHAPES if args.smoke else SHAPES)
@@ -122,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(ops) - set(_select.OPS))
     if unknown:
         parser.error(f"unknown ops {unknown}; choose from {', '.join(_select.OPS)}")
-    dtype = DTYPES[args.dtype]
+    dtype = tuning.DTYPES[args.dtype]
     item = torch.empty((), dtype=dtype).element_size()
     largest = max(max(m * n, m * k) for m, n, k in shapes) * item
     heap = iris.mem.init(4 * largest + (64 << 20))
@@ -138,22 +114,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{label}: {cells or trouble}", flush=True)
                 if times:
                     points.append((work, min(times, key=times.get)))
-                _release()
+                iris.ops.release_workspaces()
             if points:
-                rules[op] = _select.fold(points)
+                rules[op] = tuning.fold(points)
     finally:
         heap.close()
-    model = _select.model_key(caps)
-    if rank == 0:
-        note = (
-            f"{world} x {model}, {args.dtype}, NVLink {caps.nvlink}, torch {torch.__version__}, "
-            f"{time.strftime('%Y-%m-%d')}, shapes {shapes}, {args.rounds} rounds of {args.calls} calls"
-        )
-        write_table(args.out, model, world, rules, note)
-        print(f"wrote the rules for {world} x {model} to {args.out}: export IRIS_OPS_TABLE={args.out}")
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return tuning.finish_session(_select.TABLES, args, caps, rules, f"shapes {shapes}")
 
 
 if __name__ == "__main__":
