@@ -66,7 +66,7 @@ API_PAGES = {
     ),
     "api/ccl": (
         "iris.ccl", "iris.ccl.triton", "iris.ccl.triton.ll", "iris.ccl.variants", "iris.ccl.settings",
-        "iris.ccl.backend", "iris.ccl.functional",
+        "iris.ccl.backend", "iris.ccl.functional", "iris.ccl.tuning",
     ),
     "api/ops": ("iris.ops",),
     "api/compat": (

@@ -70,8 +70,11 @@ def _reference(collective: str, inp: torch.Tensor, world: int) -> torch.Tensor:
     return want
 
 
-def measure(collective: str, nbytes: int, heap, dtype, names: list[str], rounds: int, calls: int):
-    """``(times_us by variant, problems by variant)`` of ``collective`` on ``nbytes`` per rank."""
+def measure(
+    collective: str, nbytes: int, heap, dtype, names: list[str], rounds: int, calls: int
+) -> tuple[int, dict[str, float], list[str]]:
+    """``(size, times_us by variant, problems)`` of ``collective`` on ``nbytes`` per rank,
+    ``size`` the one its rule is bounded by (:func:`table_size`)."""
     world, item = heap.world_size, torch.empty((), dtype=dtype).element_size()
     numel = max(world, nbytes // item // world * world)
     inp = heap.empty((numel,), dtype=dtype)
@@ -104,7 +107,7 @@ def measure(collective: str, nbytes: int, heap, dtype, names: list[str], rounds:
     times = tuning.time_calls(fns, inp.device, rounds, calls) if fns else {}
     del fns
     heap.free(inp, out)
-    return times, problems
+    return table_size(collective, nbytes, world), times, [f"{n}: {p}" for n, p in problems.items()]
 
 
 def table_size(collective: str, nbytes: int, world: int) -> int:
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="", help="time only these variants")
     args = parser.parse_args(argv)
     caps = tuning.start_session(parser, args)
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s] or (SMOKE_SIZES if args.smoke else SIZES)
     collectives = [c for c in args.collectives.split(",") if c]
     unknown = sorted(set(collectives) - set(COLLECTIVES))
@@ -130,26 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke and only is None:
         only = ["ll", "push", "two_shot", "pull"]
     dtype = tuning.DTYPES[args.dtype]
-    heap = iris.mem.init(max(64 << 20, 4 * world * max(sizes) + (32 << 20)))
-    rules: dict[str, list] = {}
-    try:
-        for collective in collectives:
-            names = candidates(collective, caps.interpreted, only)
-            points = []
-            for nbytes in sizes:
-                times, problems = measure(collective, nbytes, heap, dtype, names, args.rounds, args.calls)
-                if rank == 0:
-                    cells = ", ".join(f"{n} {t:.1f}" for n, t in times.items())
-                    print(f"{collective} {nbytes} B: {cells} us", flush=True)
-                    for n, p in problems.items():
-                        print(f"  {n}: {p}", flush=True)
-                if times:
-                    best = min(times, key=times.get)
-                    points.append((table_size(collective, nbytes, world), best))
-            if points:
-                rules[collective] = tuning.fold(points)
-    finally:
-        heap.close()
+    names = {collective: candidates(collective, caps.interpreted, only) for collective in collectives}
+    with iris.mem.init(max(64 << 20, 4 * world * max(sizes) + (32 << 20))) as heap:
+
+        def timed(collective: str, nbytes: int) -> tuple[int, dict[str, float], list[str]]:
+            return measure(collective, nbytes, heap, dtype, names[collective], args.rounds, args.calls)
+
+        rules = tuning.measure_rules(collectives, sizes, timed, label=lambda nbytes: f"{nbytes} B")
     return tuning.finish_session(config.TABLES, args, caps, rules, f"sizes {sizes} B per rank")
 
 

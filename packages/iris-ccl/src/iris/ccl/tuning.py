@@ -276,6 +276,35 @@ def start_session(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     return caps
 
 
+def measure_rules(
+    keys: list[str],
+    cases: list,
+    measure: Callable[[str, object], tuple[int, dict[str, float], list[str]]],
+    label: Callable[[object], str] = str,
+) -> dict[str, list]:
+    """The rules of each of ``keys`` (collectives, ops) over ``cases`` (message sizes,
+    shapes). ``measure(key, case)`` returns ``(size, times, problems)``: the size a rule is
+    bounded by for that case, microseconds per call by candidate (every rank the same, as
+    :func:`time_calls` returns them) and what kept candidates out. Rank 0 prints each case
+    (``label(case)`` names it); the fastest candidate of each case is a point, and the
+    points fold into rules (:func:`fold`). A key that no candidate ran for gets none."""
+    rules = {}
+    for key in keys:
+        points = []
+        for case in cases:
+            size, times, problems = measure(key, case)
+            if dist.get_rank() == 0:
+                cells = ", ".join(f"{name} {t:.1f} us" for name, t in times.items())
+                print(f"{key} {label(case)}: {cells or 'nothing ran'}", flush=True)
+                for problem in problems:
+                    print(f"  {problem}", flush=True)
+            if times:
+                points.append((size, min(times, key=times.get)))
+        if points:
+            rules[key] = fold(points)
+    return rules
+
+
 def finish_session(
     fmt: TableFormat,
     args: argparse.Namespace,

@@ -58,11 +58,19 @@ def problem(op: str, m: int, n: int, k: int, world: int, heap, dtype):
     return (lambda cfg: lambda: fn(out, a, b, config=cfg)), out, work
 
 
-def measure(op, shape, world, heap, dtype, rounds, calls):
-    """``(times_us by path, problem or None, work)`` of ``op`` at ``shape``."""
+def measure(op, shape, world, heap, dtype, rounds, calls) -> tuple[int, dict[str, float], list[str]]:
+    """``(work, times_us by path, problems)`` of ``op`` at ``shape``; the workspaces the
+    calls made are released."""
+    try:
+        return _measure(op, shape, world, heap, dtype, rounds, calls)
+    finally:
+        iris.ops.release_workspaces()
+
+
+def _measure(op, shape, world, heap, dtype, rounds, calls) -> tuple[int, dict[str, float], list[str]]:
     made = problem(op, *shape, world, heap, dtype)
     if made is None:
-        return {}, "M not divisible by the group size", 0
+        return 0, {}, ["M not divisible by the group size"]
     call, out, work = made
     fns, results, trouble = {}, {}, None
     for path in ("fused", "composed"):
@@ -81,8 +89,8 @@ def measure(op, shape, world, heap, dtype, rounds, calls):
     failed = torch.tensor([trouble is not None], dtype=torch.int32, device=out.device)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if failed.item():
-        return {}, trouble or "failed on another rank", work
-    return tuning.time_calls(fns, out.device, rounds, calls), None, work
+        return work, {}, [trouble or "failed on another rank"]
+    return work, tuning.time_calls(fns, out.device, rounds, calls), []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="", help="MxNxK,... (default: M = 1-8192 of 8192 x 4096)")
     args = parser.parse_args(argv)
     caps = tuning.start_session(parser, args)
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     shapes = shapes or (SMOKE_SHAPES if args.smoke else SHAPES)
     ops = [op for op in args.ops.split(",") if op]
@@ -101,24 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     dtype = tuning.DTYPES[args.dtype]
     item = torch.empty((), dtype=dtype).element_size()
     largest = max(max(m * n, m * k) for m, n, k in shapes) * item
-    heap = iris.mem.init(4 * largest + (64 << 20))
-    rules: dict[str, list] = {}
-    try:
-        for op in ops:
-            points = []
-            for shape in shapes:
-                times, trouble, work = measure(op, shape, world, heap, dtype, args.rounds, args.calls)
-                label = f"{op} {'x'.join(map(str, shape))}"
-                if rank == 0:
-                    cells = ", ".join(f"{p} {t:.1f} us" for p, t in times.items())
-                    print(f"{label}: {cells or trouble}", flush=True)
-                if times:
-                    points.append((work, min(times, key=times.get)))
-                iris.ops.release_workspaces()
-            if points:
-                rules[op] = tuning.fold(points)
-    finally:
-        heap.close()
+    with iris.mem.init(4 * largest + (64 << 20)) as heap:
+
+        def timed(op: str, shape: tuple[int, int, int]) -> tuple[int, dict[str, float], list[str]]:
+            return measure(op, shape, world, heap, dtype, args.rounds, args.calls)
+
+        rules = tuning.measure_rules(ops, shapes, timed, label=lambda shape: "x".join(map(str, shape)))
     return tuning.finish_session(_select.TABLES, args, caps, rules, f"shapes {shapes}")
 
 
