@@ -7,7 +7,7 @@ Nothing is measured here: every time is an alpha-beta estimate (a latency per st
 bytes over a rate) from the constants below. Within a node the rates and latencies are
 Iris's and NCCL's measured on 2 x H200 (docs/performance.md); between nodes they are
 published figures for one 400 Gb/s NDR InfiniBand NIC per GPU and the latency constants
-of NCCL's own tuning model. The staged forms follow iris.ccl._hier step by step (stages
+of NCCL's own tuning model. The staged forms follow iris.ccl._staged step by step (stages
 run one after another, as the code does; its local copies and staging copies included).
 The output is deterministic: docs/scaling.md holds it verbatim, and
 tests/docs/test_scaling_model.py checks that it still does.
@@ -29,7 +29,7 @@ NODE_COUNTS = (2, 8, 64)
 SIZES = (64 * KiB, MiB, 64 * MiB, GiB)
 #: bf16, as the measured tables.
 ELEMENT_BYTES = 2
-#: Elements per piece of the staged all_reduce (iris.ccl._hier.PIECE_ELEMENTS).
+#: Elements per piece of the staged all_reduce (iris.ccl._staged.PIECE_ELEMENTS).
 PIECE_ELEMENTS = 1 << 22
 
 # ---------------------------------------------------------------- within a node: Iris
@@ -144,7 +144,7 @@ def _copy(nbytes: float, ops: int = 1) -> float:
 
 
 def staged(coll: str, nbytes: float, k: int, nodes: int) -> dict:
-    """The staged form of iris.ccl._hier on ``nodes`` nodes of ``k`` ranks (a uniform
+    """The staged form of iris.ccl._staged on ``nodes`` nodes of ``k`` ranks (a uniform
     layout): ``{"intra", "inter", "copies", "total"}`` in us and ``"nic"`` bytes per NIC.
     Buffers the code makes with torch are not on a heap, so each Iris stage also copies
     through its staging buffers (one copy in, one out)."""

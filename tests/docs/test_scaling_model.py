@@ -3,7 +3,7 @@ model is wired to what it cites: the staged all_reduce's piece size is iris.ccl'
 node of 2 GPUs the model reproduces the measured rows it was fitted to and stays near the
 ones it was not.
 
-After changing the model (or iris.ccl._hier.PIECE_ELEMENTS), refresh the page with
+After changing the model (or iris.ccl._staged.PIECE_ELEMENTS), refresh the page with
 ``python tests/docs/test_scaling_model.py --write``.
 """
 
@@ -54,9 +54,9 @@ def test_page_holds_the_scripts_output():
 
 
 def test_piece_size_is_iris_ccls():
-    from iris.ccl import _hier
+    from iris.ccl import _staged
 
-    assert _model().PIECE_ELEMENTS == _hier.PIECE_ELEMENTS
+    assert _model().PIECE_ELEMENTS == _staged.PIECE_ELEMENTS
 
 
 def test_model_on_one_node_of_two_gpus():

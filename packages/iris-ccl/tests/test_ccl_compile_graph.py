@@ -1,4 +1,4 @@
-"""iris.ccl under ``torch.compile``: the ``torch.ops.iris`` custom ops (``iris.ccl._library``).
+"""iris.ccl under ``torch.compile``: the ``torch.ops.iris`` custom ops (``iris.ccl._torch_ops``).
 
 (Triton compilation of the kernels for sm_90 is ``test_ccl_compile.py``.)
 
@@ -206,7 +206,7 @@ def _body_opcheck(rank: int, world_size: int) -> tuple:
     each, and the config/group mappings."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from iris.ccl import Config, _library
+    from iris.ccl import Config, library
 
     ops = torch.ops.iris
     x = torch.randn(6, 4)
@@ -247,10 +247,10 @@ def _body_opcheck(rank: int, world_size: int) -> tuple:
         if tuple(shape) != expected[name]:
             problems.append(f"fake {name}: shape {tuple(shape)}, expected {expected[name]}")
     cfg = Config(variant="two_shot", block_size=256, programs=3)
-    if _library.decode_config(_library.encode_config(cfg)) != cfg:
-        problems.append(f"config round trip: {_library.encode_config(cfg)!r}")
+    if library.decode_config(library.encode_config(cfg)) != cfg:
+        problems.append(f"config round trip: {library.encode_config(cfg)!r}")
     group = dist.new_group([0])
-    if _library.resolve_group(_library.group_name(group)) is not group:
+    if library.resolve_group(library.group_name(group)) is not group:
         problems.append("group name does not resolve to the group")
     return problems, _body_async_refused(rank, world_size)
 

@@ -1,6 +1,6 @@
 """What torch users pass to iris.ccl called directly: no ``init_process_group``, the dtypes
 torch.distributed with NCCL accepts, and ``async_op=True`` handles that are
-``torch.distributed.Work`` objects (``iris.ccl._entry``, ``iris.ccl._dtypes``,
+``torch.distributed.Work`` objects (``iris.ccl.entry``, ``iris.ccl._dtypes``,
 ``iris.ccl.work``).
 
 The world test starts ranks the way torchrun leaves them (``RANK``, ``WORLD_SIZE``,

@@ -100,9 +100,9 @@ def main() -> None:
     group = dist.new_group(sub)
     if dist.get_rank() in sub:
         run(group, sub, dtypes[:1] if not full else dtypes)
-    from iris.ccl import _hier
+    from iris.ccl import nodes
 
-    assert len(_hier._BY_GROUP) == (2 if dist.get_rank() in sub else 1), "the ops did not run in stages"
+    assert len(nodes._BY_GROUP) == (2 if dist.get_rank() in sub else 1), "the ops did not run in stages"
     dist.barrier()
     print(f"CHECKS OK rank {dist.get_rank()}", flush=True)
     iris.ops.release_workspaces()

@@ -5,11 +5,10 @@ torch tensor works; tensors on a symmetric heap spanning the collective's group 
 in place, others are staged through a heap of the collective's own.
 """
 
-from . import (  # noqa: F401  (the "iris" torch.distributed backend; gradients of torch.ops.iris)
-    _autograd,
-    backend,
-    functional,
-)
+# Registered at import: the custom ops and their compiled forms, the staged forms over groups
+# spanning nodes, the dtypes conversion (each with iris.ccl.entry), the gradients of
+# torch.ops.iris and the "iris" torch.distributed backend.
+from . import _autograd, _dtypes, _staged, _torch_ops, backend, functional  # noqa: F401
 from ._comm import abort, check_errors
 from ._version import __version__
 from .all_gather import all_gather

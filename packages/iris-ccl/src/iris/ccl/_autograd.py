@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _library
+from . import _torch_ops, library
 
 _iris = torch.ops.iris
 
@@ -46,7 +46,7 @@ def _no_grad_op(collective: str, op: str) -> None:
 
 
 def _op(op: str) -> str:
-    return _library.op_name(op).lower().rsplit(".", 1)[-1]
+    return library.op_name(op).lower().rsplit(".", 1)[-1]
 
 
 # --------------------------------------------------------------------------- all_reduce
@@ -83,7 +83,7 @@ def _reduce_scatter_backward(ctx, grad):
     _no_grad_op("reduce_scatter", ctx.op)
     g = _iris.all_gather(grad, ctx.group, "").view(ctx.shape)
     if ctx.op == "avg":
-        g = g / _library.group_size(ctx.group)
+        g = g / library.group_size(ctx.group)
     return g, None, None, None
 
 
@@ -96,7 +96,7 @@ def _all_to_all_setup(ctx, inputs, output):
     if out_splits is None and in_splits is None:
         ctx.splits = None
         return
-    size = _library.group_size(group)
+    size = library.group_size(group)
     if in_splits is None:  # equal splits of inp's rows
         in_splits = [inp.shape[0] // size] * size
     if out_splits is None:  # equal splits of the output's rows
@@ -133,7 +133,7 @@ def _reduce_backward(ctx, grad):
     _no_grad_op("reduce", ctx.op)
     g = _iris.broadcast(grad, ctx.root, ctx.group, "")
     if ctx.op == "avg":
-        g = g / _library.group_size(ctx.group)
+        g = g / library.group_size(ctx.group)
     return g, None, None, None, None
 
 
@@ -151,14 +151,14 @@ def _scatter_backward(ctx, grad):
 def register() -> None:
     """Register the backward of every functional collective (once, at import)."""
     for op, backward, setup in (
-        (_library.all_reduce, _all_reduce_backward, _all_reduce_setup),
-        (_library.all_gather, _all_gather_backward, _all_gather_setup),
-        (_library.reduce_scatter, _reduce_scatter_backward, _reduce_scatter_setup),
-        (_library.all_to_all, _all_to_all_backward, _all_to_all_setup),
-        (_library.broadcast, _broadcast_backward, _rooted_setup),
-        (_library.reduce, _reduce_backward, _rooted_setup),
-        (_library.gather, _gather_backward, _rooted_setup),
-        (_library.scatter, _scatter_backward, _rooted_setup),
+        (_torch_ops.all_reduce, _all_reduce_backward, _all_reduce_setup),
+        (_torch_ops.all_gather, _all_gather_backward, _all_gather_setup),
+        (_torch_ops.reduce_scatter, _reduce_scatter_backward, _reduce_scatter_setup),
+        (_torch_ops.all_to_all, _all_to_all_backward, _all_to_all_setup),
+        (_torch_ops.broadcast, _broadcast_backward, _rooted_setup),
+        (_torch_ops.reduce, _reduce_backward, _rooted_setup),
+        (_torch_ops.gather, _gather_backward, _rooted_setup),
+        (_torch_ops.scatter, _scatter_backward, _rooted_setup),
     ):
         op.register_autograd(backward, setup_context=setup)
 

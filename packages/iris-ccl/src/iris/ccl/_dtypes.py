@@ -2,8 +2,8 @@
 
 The kernels move and reduce float32, float16, bfloat16, int32 and int64, and move float8.
 Every other dtype of 1, 2, 4 or 8 bytes (float64, int8, uint8, int16, bool, the unsigned
-types) reaches them through :func:`run`, called by the public collectives
-(:mod:`iris.ccl._entry`) before anything else happens:
+types) reaches them through :func:`run`, a conversion of :mod:`iris.ccl.entry` that every
+public collective applies before anything else happens:
 
 * **moved** (all_gather, all_to_all, broadcast, gather, scatter, send, recv): as a view of
   the same memory in a dtype the kernels move with the same item size (bits are copied,
@@ -26,9 +26,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _host
+from . import _host, _rooted, entry
+from .all_gather import all_gather
+from .all_to_all import all_to_all
+from .gather import gather
 from .reduce_op import _FP8, SUPPORTED_DTYPES, ReduceOp
 from .work import Work
+
+#: The collectives this conversion serves: every public one of iris.ccl.
+COLLECTIVES = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+    "send", "recv",
+)  # fmt: skip
 
 #: dtypes the kernels handle themselves.
 NATIVE = SUPPORTED_DTYPES + _FP8
@@ -69,15 +78,14 @@ def check_reduction(op: ReduceOp, dtype: torch.dtype, collective: str) -> None:
         )
 
 
-def run(name: str, call, params: tuple[str, ...], tensors, outputs, args: tuple, kwargs: dict):
-    """Run the public collective ``name`` (``call``, its public function) on tensors of a
-    dtype the kernels do not handle (module docstring); ``params`` are its parameter names,
-    ``tensors`` and ``outputs`` as in :func:`iris.ccl._entry.public`."""
-    if len(args) > len(params):
-        raise TypeError(f"{name}() takes at most {len(params)} positional arguments, got {len(args)}")
-    bound = dict(zip(params, args))
-    bound.update(kwargs)
-    given = [(n, bound[n]) for n in tensors if isinstance(bound.get(n), torch.Tensor)]
+@entry.conversion(*COLLECTIVES)
+def run(spec: entry.Spec, args: dict):
+    """Run the public collective of ``spec`` on tensors of a dtype the kernels do not handle
+    (module docstring); :data:`iris.ccl.entry.PASS` for calls whose tensors they handle."""
+    given = [(n, args[n]) for n in spec.tensors if isinstance(args.get(n), torch.Tensor)]
+    if not any(converts(t) for _, t in given):
+        return entry.PASS
+    name, call, outputs, bound = spec.name, spec.public, spec.outputs, dict(args)
     for n, t in given:
         if t.layout != torch.strided:
             raise TypeError(
@@ -166,9 +174,6 @@ def _handle(out: torch.Tensor | None, inp: torch.Tensor, async_op: bool) -> Work
 
 
 def _all_reduce(bound: dict, op: ReduceOp) -> Work | None:
-    from .all_gather import all_gather
-    from .all_to_all import all_to_all
-
     out, inp, group, async_op = _common(bound, "all_reduce")
     if out.shape != inp.shape:
         raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")
@@ -191,8 +196,6 @@ def _all_reduce(bound: dict, op: ReduceOp) -> Work | None:
 
 
 def _reduce_scatter(bound: dict, op: ReduceOp) -> Work | None:
-    from .all_to_all import all_to_all
-
     out, inp, group, async_op = _common(bound, "reduce_scatter")
     size, _ = _host.group_position(group)
     m = out.numel()
@@ -212,9 +215,6 @@ def _reduce_scatter(bound: dict, op: ReduceOp) -> Work | None:
 
 
 def _reduce(bound: dict, op: ReduceOp) -> Work | None:
-    from . import _rooted
-    from .gather import gather
-
     out, inp, group, async_op = _common(bound, "reduce")
     dst = bound["dst"]
     _rooted.member_index(dst, group, "dst", "reduce")

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _copy_engine, _entry, _host, _library, _plan
+from . import _copy_engine, _host, _plan, entry
 from ._plan import Plan
 from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
@@ -124,7 +124,11 @@ REGISTERED = (
 )
 
 
-@_entry.public("all_gather", ("out", "inp"), ("out",))
+def _check(out: torch.Tensor, inp: torch.Tensor, *, group, config, **_) -> None:
+    _plan.validate("all_gather", out, inp, group, config, lambda size: size * inp.numel())
+
+
+@entry.op("all_gather", tensors=("out", "inp"), outputs=("out",), device="inp", validate=_check)
 def all_gather(
     out: torch.Tensor, inp: torch.Tensor, *, group=None, async_op: bool = False,
     config: Config | None = None,
@@ -144,14 +148,7 @@ def all_gather(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers.
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled("all_gather", out, inp, group=group, config=config, async_op=async_op)
-    _, index = _plan.validate("all_gather", out, inp, group, config, lambda size: size * inp.numel())
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, inp.device, "all_gather", out, inp, config, async_op=async_op)
-    if spans:
-        return work
+    _, index = _host.group_position(group)
     own_chunk = index * inp.numel() * inp.element_size()
     # An input overlapping the output anywhere but at this rank's chunk would be overwritten
     # while still needed: gather from a copy of it.

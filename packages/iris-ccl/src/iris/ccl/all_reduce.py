@@ -46,7 +46,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _boxed, _comm, _copy_engine, _entry, _host, _library, _plan
+from . import _boxed, _comm, _copy_engine, _host, _plan, entry
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
@@ -315,7 +315,13 @@ REGISTERED = (
 )
 
 
-@_entry.public("all_reduce", ("out", "inp"), ("out",))
+def _check(out: torch.Tensor, inp: torch.Tensor, *, group, config, **_) -> None:
+    _plan.validate("all_reduce", out, inp, group, config, lambda size: inp.numel())
+    if out.shape != inp.shape:
+        raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")
+
+
+@entry.op("all_reduce", tensors=("out", "inp"), outputs=("out",), device="inp", validate=_check)
 def all_reduce(
     out: torch.Tensor, inp: torch.Tensor, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
     async_op: bool = False, config: Config | None = None,
@@ -334,16 +340,6 @@ def all_reduce(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place; others are
     copied through the collective's staging buffers (one extra local copy each way).
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled("all_reduce", out, inp, op=op, group=group, config=config, async_op=async_op)
-    _plan.validate("all_reduce", out, inp, group, config, lambda size: inp.numel())
-    if out.shape != inp.shape:
-        raise ValueError(f"all_reduce: out has shape {list(out.shape)} but inp has {list(inp.shape)}")
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, inp.device, "all_reduce", out, inp, op, config, async_op=async_op)
-    if spans:
-        return work
     # every variant takes the output in the input's own memory (out is inp, say) or falls
     # back; an output overlapping the input in part is written over input a peer (or a later
     # tile) still reads, so that input is copied first

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _copy_engine, _entry, _host, _library, _plan, _uneven
+from . import _copy_engine, _host, _plan, _uneven, entry
 from ._plan import Plan
 from .config import Config
 from .triton import tiles
@@ -108,7 +108,21 @@ REGISTERED = (
 )
 
 
-@_entry.public("all_to_all", ("out", "inp"), ("out",))
+def _check(
+    out: torch.Tensor, inp: torch.Tensor, output_split_sizes, input_split_sizes, *, group, config, **_
+) -> None:
+    if output_split_sizes is not None or input_split_sizes is not None:
+        return  # the uneven exchange checks its split sizes itself
+    size, _ = _plan.validate("all_to_all", out, inp, group, config, lambda size: inp.numel())
+    if inp.numel() % size:
+        raise ValueError(
+            f"all_to_all: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group of "
+            f"{size} ranks does not divide into equal chunks; pad inp (and out) to a multiple of {size}, "
+            "or pass split sizes"
+        )
+
+
+@entry.op("all_to_all", tensors=("out", "inp"), outputs=("out",), device="inp", validate=_check)
 def all_to_all(
     out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None, input_split_sizes=None, *, group=None,
     async_op: bool = False, config: Config | None = None,
@@ -139,30 +153,9 @@ def all_to_all(
     are copied through the collective's staging buffers (uneven calls read and write them
     directly and stage only what crosses the link).
     """
-    if torch.compiler.is_compiling():
-        args = (out, inp, output_split_sizes, input_split_sizes)
-        return _library.compiled("all_to_all", *args, group=group, config=config, async_op=async_op)
     if output_split_sizes is not None or input_split_sizes is not None:
-        from . import _hier  # a group spanning nodes runs in stages
-
-        splits = (output_split_sizes, input_split_sizes)
-        args = (out, inp, *splits, config)
-        spans, work = _hier.entry(group, inp.device, "all_to_all_uneven", *args, async_op=async_op)
-        if spans:
-            return work
         return _uneven.all_to_all(out, inp, output_split_sizes, input_split_sizes, group, async_op, config)
-    size, _ = _plan.validate("all_to_all", out, inp, group, config, lambda size: inp.numel())
-    if inp.numel() % size:
-        raise ValueError(
-            f"all_to_all: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group of "
-            f"{size} ranks does not divide into equal chunks; pad inp (and out) to a multiple of {size}, "
-            "or pass split sizes"
-        )
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, inp.device, "all_to_all", out, inp, config, async_op=async_op)
-    if spans:
-        return work
+    size, _ = _host.group_position(group)
     # an output overlapping the input (out is inp, say): every member reads or writes chunks
     # the others still need, so the exchange works on a copy of the input
     return _plan.run(

@@ -7,14 +7,13 @@ queued before it on any rank happens before work queued after it on every rank.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 import iris.mem
 from iris.mem.triton import Context
 
-from . import _comm, _entry, _host, _library
+from . import _comm, _host, entry
 from .config import Config, select
 from .triton import Group
 from .work import Work
@@ -32,7 +31,11 @@ def _barrier_kernel(
     group.sync(ctx, 0)
 
 
-@_entry.public("barrier")
+def _check(group, **_) -> None:
+    _host.check_consistent("barrier", group)
+
+
+@entry.op("barrier", validate=_check)
 def barrier(group=None, async_op: bool = False, *, config: Config | None = None) -> Work | None:
     """Device barrier of ``group`` (None: the world) on iris.ccl's own heap for the group.
 
@@ -41,14 +44,6 @@ def barrier(group=None, async_op: bool = False, *, config: Config | None = None)
     ``torch.cuda.synchronize()`` for that). The heap lives on the current GPU unless
     ``IRIS_BACKEND=cpu`` or no GPU is visible.
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled("barrier", group=group, config=config, async_op=async_op)
-    _host.check_consistent("barrier", group)
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, iris.mem.default_device(), "barrier", config, async_op=async_op)
-    if spans:
-        return work
     comm = _comm.own(group, iris.mem.default_device())
     if comm.size > 1:
         cfg = select("barrier", 0, comm.size, comm.capabilities.interpreted, config)

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import torch
 
-from . import _entry, _host, _library, _rooted
+from . import _host, _rooted, entry
 from .config import Config
 from .work import Work
 
 
-@_entry.public("broadcast", ("tensor",), ("tensor",))
+def _check(tensor: torch.Tensor, src: int, *, group, **_) -> None:
+    _rooted.member_index(src, group, "src", "broadcast")
+    _host.check_tensor(tensor, "tensor")
+
+
+@entry.op("broadcast", tensors=("tensor",), outputs=("tensor",), device="tensor", validate=_check)
 def broadcast(
     tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False, config: Config | None = None,
 ) -> Work | None:  # fmt: skip
@@ -30,15 +35,7 @@ def broadcast(
     A contiguous tensor on a symmetric heap spanning exactly ``group`` is used in place;
     others are staged (the root copies its tensor into the staging buffer).
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled("broadcast", tensor, src, group=group, config=config, async_op=async_op)
     root = _rooted.member_index(src, group, "src", "broadcast")
-    _host.check_tensor(tensor, "tensor")
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, tensor.device, "broadcast", tensor, src, config, async_op=async_op)
-    if spans:
-        return work
     n = tensor.numel()
     comm, in_place, cfg = _host.setup(
         "broadcast", [tensor], group, config, n * tensor.element_size(), root=src

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _library
+from . import library
 from .config import Config
 from .reduce_op import ReduceOp
 
@@ -27,7 +27,7 @@ _iris = torch.ops.iris
 
 
 def _args(group, config: Config | None) -> tuple[str, str]:
-    return _library.group_name(group), _library.encode_config(config)
+    return library.group_name(group), library.encode_config(config)
 
 
 def all_reduce(
@@ -35,7 +35,7 @@ def all_reduce(
 ) -> torch.Tensor:
     """The reduction of ``inp`` over ``group`` (None: the world), ``inp``'s shape.
     Differentiable for SUM and AVG: the gradient is the all_reduce of the output's."""
-    return _iris.all_reduce(inp, _library.op_name(op), *_args(group, config))
+    return _iris.all_reduce(inp, library.op_name(op), *_args(group, config))
 
 
 def all_gather(inp: torch.Tensor, *, group=None, config: Config | None = None) -> torch.Tensor:
@@ -50,7 +50,7 @@ def reduce_scatter(
     """This rank's chunk along dim 0 of the reduction of ``inp`` (dim 0 divisible by the
     group's size). Differentiable for SUM and AVG: the gradient is the all_gather of the
     output's."""
-    return _iris.reduce_scatter(inp, _library.op_name(op), *_args(group, config))
+    return _iris.reduce_scatter(inp, library.op_name(op), *_args(group, config))
 
 
 def all_to_all(
@@ -78,7 +78,7 @@ def reduce(
 ) -> torch.Tensor:  # fmt: skip
     """The reduction of ``inp``, defined on rank ``dst``. Differentiable for SUM and AVG:
     the gradient is the broadcast of ``dst``'s output gradient."""
-    return _iris.reduce(inp, dst, _library.op_name(op), *_args(group, config))
+    return _iris.reduce(inp, dst, library.op_name(op), *_args(group, config))
 
 
 def gather(inp: torch.Tensor, dst: int, *, group=None, config: Config | None = None) -> torch.Tensor:

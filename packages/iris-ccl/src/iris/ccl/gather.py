@@ -14,12 +14,21 @@ import torch.distributed as dist
 
 from iris.mem.runtime import group_ranks
 
-from . import _entry, _host, _library, _rooted
+from . import _host, _rooted, entry
 from .config import Config
 from .work import Work
 
 
-@_entry.public("gather", ("out", "inp"), ("out",))
+def _check(out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, group, **_) -> None:
+    _rooted.member_index(dst, group, "dst", "gather")
+    _host.check_tensor(inp, "inp")
+    if dist.get_rank() == dst:
+        if out is None:
+            raise ValueError(f"gather: out is None on the destination rank {dst}; pass the output tensor")
+        _host.check_pair(out, inp, "gather", len(group_ranks(group)) * inp.numel())
+
+
+@entry.op("gather", tensors=("out", "inp"), outputs=("out",), device="inp", validate=_check)
 def gather(
     out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, group=None, async_op: bool = False,
     config: Config | None = None,
@@ -39,21 +48,9 @@ def gather(
 
     The root's ``out`` is only written locally, so it may be any tensor.
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled("gather", out, inp, dst, group=group, config=config, async_op=async_op)
     root = _rooted.member_index(dst, group, "dst", "gather")
-    _host.check_tensor(inp, "inp")
     size = len(group_ranks(group))
     is_root = dist.get_rank() == dst
-    if is_root:
-        if out is None:
-            raise ValueError(f"gather: out is None on the destination rank {dst}; pass the output tensor")
-        _host.check_pair(out, inp, "gather", size * inp.numel())
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, inp.device, "gather", out, inp, dst, config, async_op=async_op)
-    if spans:
-        return work
     m = inp.numel()
     comm, in_place, cfg = _host.setup("gather", [inp], group, config, size * m * inp.element_size(), root=dst)
     src_all = _rooted.flat(inp)

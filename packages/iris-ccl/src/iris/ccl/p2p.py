@@ -34,7 +34,7 @@ import triton.language as tl
 from iris.mem.triton import Context
 from iris.mem.utils import wait_at_least
 
-from . import _comm, _entry, _host, _library, _rooted
+from . import _comm, _host, _rooted, entry
 from .config import Config, select
 from .settings import p2p_bytes
 from .triton import record_timeout
@@ -116,20 +116,20 @@ def _transfer_kernel(
         t += tl.num_programs(0)
 
 
-def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bool, config) -> Work | None:
-    """Host side of send (``kind == "send"``, ``rank`` the receiver) and recv."""
+def _check_peer(kind: str, tensor: torch.Tensor, rank: object, group) -> None:
+    """Checks of send (``kind == "send"``, ``rank`` the receiver) and recv."""
     name = "dst" if kind == "send" else "src"
     if rank is None:
         raise ValueError(f"{kind}: {name}=None (any peer) is not supported; pass the peer's global rank")
-    peer = _rooted.member_index(rank, group, name, kind)
+    _rooted.member_index(rank, group, name, kind)
     _host.check_tensor(tensor, "tensor")
     if dist.get_rank() == rank:
         raise ValueError(f"{kind}: {name}={rank} is this rank; a rank cannot {kind} to itself")
-    from . import _hier  # a group spanning nodes runs in stages
 
-    spans, work = _hier.entry(group, tensor.device, kind, tensor, rank, config, async_op=async_op)
-    if spans:
-        return work
+
+def _transfer(kind: str, tensor: torch.Tensor, rank: int, group, async_op: bool, config) -> Work | None:
+    """Host side of send (``kind == "send"``, ``rank`` the receiver) and recv."""
+    peer = _rooted.member_index(rank, group, "dst" if kind == "send" else "src", kind)
     # Made on first use, collectively: every rank of the group must reach some iris.ccl call.
     comm = _comm.own(group, tensor.device)
     nbytes = tensor.numel() * tensor.element_size()
@@ -161,7 +161,15 @@ def _transfer(kind: str, tensor: torch.Tensor, rank: object, group, async_op: bo
     return _host.finish(comm, async_op)
 
 
-@_entry.public("send", ("tensor",), ("tensor",))
+def _check_send(tensor: torch.Tensor, dst: int, *, group, **_) -> None:
+    _check_peer("send", tensor, dst, group)
+
+
+def _check_recv(tensor: torch.Tensor, src: int, *, group, **_) -> None:
+    _check_peer("recv", tensor, src, group)
+
+
+@entry.op("send", tensors=("tensor",), outputs=("tensor",), device="tensor", validate=_check_send)
 def send(
     tensor: torch.Tensor, dst: int, *, group=None, async_op: bool = False, config: Config | None = None
 ) -> Work | None:
@@ -180,17 +188,13 @@ def send(
     makes collectively: every rank of the group must make some iris.ccl call (for example
     :func:`barrier`) before or at its first send/recv.
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled("send", tensor, dst, group=group, config=config, async_op=async_op)
     return _transfer("send", tensor, dst, group, async_op, config)
 
 
-@_entry.public("recv", ("tensor",), ("tensor",))
+@entry.op("recv", tensors=("tensor",), outputs=("tensor",), device="tensor", validate=_check_recv)
 def recv(
     tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False, config: Config | None = None
 ) -> Work | None:
     """Receive into ``tensor`` the next message global rank ``src`` of ``group`` sends to
     this rank. Parameters as for :func:`send`; ``src`` may not be None (no wildcard)."""
-    if torch.compiler.is_compiling():
-        return _library.compiled("recv", tensor, src, group=group, config=config, async_op=async_op)
     return _transfer("recv", tensor, src, group, async_op, config)

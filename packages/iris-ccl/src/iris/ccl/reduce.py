@@ -11,13 +11,23 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _entry, _host, _library, _rooted
+from . import _host, _rooted, entry
 from .config import Config
 from .reduce_op import ReduceOp
 from .work import Work
 
 
-@_entry.public("reduce", ("out", "inp"), ("out",))
+def _check(out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, op, group, **_) -> None:
+    _rooted.member_index(dst, group, "dst", "reduce")
+    _host.check_tensor(inp, "inp")
+    if out is not None:
+        _host.check_pair(out, inp, "reduce", inp.numel())
+    _host.check_op(ReduceOp.parse(op), inp.dtype)
+    if dist.get_rank() == dst and out is None:
+        raise ValueError(f"reduce: out is None on the destination rank {dst}; pass the tensor to reduce into")
+
+
+@entry.op("reduce", tensors=("out", "inp"), outputs=("out",), device="inp", validate=_check)
 def reduce(
     out: torch.Tensor | None, inp: torch.Tensor, dst: int, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
     async_op: bool = False, config: Config | None = None,
@@ -40,24 +50,9 @@ def reduce(
     Inputs on a symmetric heap spanning exactly ``group`` are used in place; others are
     staged. ``out`` is only written locally, so it may be any tensor.
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled(
-            "reduce", out, inp, dst, op=op, group=group, config=config, async_op=async_op
-        )
     root = _rooted.member_index(dst, group, "dst", "reduce")
-    _host.check_tensor(inp, "inp")
-    if out is not None:
-        _host.check_pair(out, inp, "reduce", inp.numel())
     rop = ReduceOp.parse(op)
-    _host.check_op(rop, inp.dtype)
     is_root = dist.get_rank() == dst
-    if is_root and out is None:
-        raise ValueError(f"reduce: out is None on the destination rank {dst}; pass the tensor to reduce into")
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, inp.device, "reduce", out, inp, dst, rop, config, async_op=async_op)
-    if spans:
-        return work
     n = inp.numel()
     comm, in_place, cfg = _host.setup(
         "reduce", [inp], group, config, n * inp.element_size(), op=rop, root=dst

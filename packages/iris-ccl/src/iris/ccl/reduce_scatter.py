@@ -32,7 +32,7 @@ import triton.language as tl
 
 from iris.mem.triton.group import enter_group
 
-from . import _entry, _host, _library, _plan
+from . import _host, _plan, entry
 from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
@@ -130,7 +130,20 @@ REGISTERED = (
 )
 
 
-@_entry.public("reduce_scatter", ("out", "inp"), ("out",))
+def _check(out: torch.Tensor, inp: torch.Tensor, *, group, config, **_) -> None:
+    def chunk(size: int) -> int:
+        if inp.numel() % size:
+            raise ValueError(
+                f"reduce_scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group "
+                f"of {size} ranks does not divide into equal chunks; out (shape {list(out.shape)}) must hold "
+                "inp.numel() / group size elements"
+            )
+        return inp.numel() // size
+
+    _plan.validate("reduce_scatter", out, inp, group, config, chunk)
+
+
+@entry.op("reduce_scatter", tensors=("out", "inp"), outputs=("out",), device="inp", validate=_check)
 def reduce_scatter(
     out: torch.Tensor, inp: torch.Tensor, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
     async_op: bool = False, config: Config | None = None,
@@ -150,26 +163,7 @@ def reduce_scatter(
     Tensors on a symmetric heap spanning exactly ``group`` are used in place by ``pull``;
     others are copied through the collective's staging buffers.
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled(
-            "reduce_scatter", out, inp, op=op, group=group, config=config, async_op=async_op
-        )
-
-    def chunk(size: int) -> int:
-        if inp.numel() % size:
-            raise ValueError(
-                f"reduce_scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), which the group "
-                f"of {size} ranks does not divide into equal chunks; out (shape {list(out.shape)}) must hold "
-                "inp.numel() / group size elements"
-            )
-        return inp.numel() // size
-
-    _, index = _plan.validate("reduce_scatter", out, inp, group, config, chunk)
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, inp.device, "reduce_scatter", out, inp, op, config, async_op=async_op)
-    if spans:
-        return work
+    _, index = _host.group_position(group)
     own_chunk = index * out.numel() * inp.element_size()
     # An output overlapping the input anywhere but at this rank's chunk would overwrite
     # input still needed by a later launch: reduce from a copy of the input.

@@ -15,12 +15,28 @@ import torch.distributed as dist
 
 from iris.mem.runtime import group_ranks
 
-from . import _entry, _host, _library, _rooted
+from . import _host, _rooted, entry
 from .config import Config
 from .work import Work
 
 
-@_entry.public("scatter", ("out", "inp"), ("out",))
+def _check(out: torch.Tensor, inp: torch.Tensor | None, src: int, *, group, **_) -> None:
+    _rooted.member_index(src, group, "src", "scatter")
+    _host.check_tensor(out, "out")
+    if dist.get_rank() != src:
+        return  # inp is read on the source only
+    if inp is None:
+        raise ValueError(f"scatter: inp is None on the source rank {src}; pass the tensor to scatter")
+    _host.check_pair(out, inp, "scatter", out.numel())
+    size = len(group_ranks(group))
+    if inp.numel() != size * out.numel():
+        raise ValueError(
+            f"scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), expected "
+            f"{size} ranks x {out.numel()} elements of out (shape {list(out.shape)})"
+        )
+
+
+@entry.op("scatter", tensors=("out", "inp"), outputs=("out",), device="out", validate=_check)
 def scatter(
     out: torch.Tensor, inp: torch.Tensor | None, src: int, *, group=None, async_op: bool = False,
     config: Config | None = None,
@@ -40,26 +56,9 @@ def scatter(
 
     The root's ``inp`` is only read locally, so it may be any tensor.
     """
-    if torch.compiler.is_compiling():
-        return _library.compiled("scatter", out, inp, src, group=group, config=config, async_op=async_op)
     root = _rooted.member_index(src, group, "src", "scatter")
-    _host.check_tensor(out, "out")
     size = len(group_ranks(group))
     is_root = dist.get_rank() == src
-    if is_root:
-        if inp is None:
-            raise ValueError(f"scatter: inp is None on the source rank {src}; pass the tensor to scatter")
-        _host.check_pair(out, inp, "scatter", out.numel())
-        if inp.numel() != size * out.numel():
-            raise ValueError(
-                f"scatter: inp has {inp.numel()} elements (shape {list(inp.shape)}), expected "
-                f"{size} ranks x {out.numel()} elements of out (shape {list(out.shape)})"
-            )
-    from . import _hier  # a group spanning nodes runs in stages
-
-    spans, work = _hier.entry(group, out.device, "scatter", out, inp, src, config, async_op=async_op)
-    if spans:
-        return work
     m = out.numel()
     comm, in_place, cfg = _host.setup(
         "scatter", [out], group, config, size * m * out.element_size(), root=src

@@ -1,5 +1,5 @@
 """Fused ops over a group spanning several nodes: the fused kernel within the node, the
-step between nodes through torch.distributed (see :mod:`iris.ccl._hier`).
+step between nodes through torch.distributed (see :mod:`iris.ccl._staged`).
 
 * ``matmul_all_reduce``: the fused GEMM + all-reduce over the node's ranks, then the
   node sums are all-reduced between nodes in shards (each rank of a node carries one shard
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import iris.ccl
-from iris.ccl import _hier as _ccl_hier
+from iris.ccl import nodes as _ccl_nodes
 
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -28,7 +28,7 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.re
 def entry(group, device: torch.device, name: str, *args, async_op: bool, **kwargs):
     """``(True, handle)`` after running op ``name`` in stages when ``group`` spans nodes,
     ``(False, None)`` otherwise."""
-    hier = _ccl_hier.spanning(group, device)
+    hier = _ccl_nodes.spanning(group, device)
     if hier is None:
         return False, None
     globals()["_" + name](hier, *args, **kwargs)
@@ -52,16 +52,16 @@ def _matmul_all_reduce(hier, out, a, b, bias, config=None):
     part = _node_sum(hier, a, b).reshape(-1)
     n = part.numel()
     if hier.uniform and hier.intra is not None:
-        shard = -(-n // hier.s)
-        buf = torch.zeros(hier.s * shard, dtype=part.dtype, device=part.device)
+        shard = -(-n // hier.per_node)
+        buf = torch.zeros(hier.per_node * shard, dtype=part.dtype, device=part.device)
         buf[:n] = part
-        mine = buf[hier.li * shard : (hier.li + 1) * shard].clone()
+        mine = buf[hier.local_index * shard : (hier.local_index + 1) * shard].clone()
         if hier.inter is not None:
             dist.all_reduce(mine, group=hier.inter)
         iris.ccl.all_gather(buf, mine, group=hier.intra)
         part = buf[:n]
     else:
-        if hier.li == 0 and hier.inter is not None:
+        if hier.local_index == 0 and hier.inter is not None:
             dist.all_reduce(part, group=hier.inter)
         if hier.intra is not None:
             iris.ccl.broadcast(part, hier.local[0], group=hier.intra)
@@ -79,7 +79,7 @@ def _matmul_reduce_scatter(hier, out, a, b, bias, scatter_dim=0, config=None):
         # the inter group of this local index holds ranks R(li, b): their chunks, reduced
         mine = torch.empty_like(chunks[0], memory_format=torch.contiguous_format)
         picks = torch.stack(
-            [chunks[hier.order[hier.li * hier.num_nodes + k]].contiguous() for k in range(hier.num_nodes)]
+            [chunks[hier.order[hier.local_index * hier.num_nodes + k]].contiguous() for k in range(hier.num_nodes)]
         )
         if hier.inter is not None:
             _reduce_scatter_single(mine, picks.reshape(-1), group=hier.inter)
@@ -88,7 +88,7 @@ def _matmul_reduce_scatter(hier, out, a, b, bias, scatter_dim=0, config=None):
         result = mine
     else:
         whole = part.clone()
-        if hier.li == 0 and hier.inter is not None:
+        if hier.local_index == 0 and hier.inter is not None:
             dist.all_reduce(whole, group=hier.inter)
         if hier.intra is not None:
             iris.ccl.broadcast(whole, hier.local[0], group=hier.intra)

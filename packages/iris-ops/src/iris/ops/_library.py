@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from iris.ccl._library import NAMESPACE, encode_config, group_name, no_async, register_config, resolve_group
+from iris.ccl.library import NAMESPACE, decode_config, encode_config, group_name, register_config, resolve_group
 
 from .all_reduce_rmsnorm import AllReduceRMSNormConfig
 from .config import Config
@@ -36,7 +36,7 @@ def _group_size(group: str) -> int:
 
 
 def _cfg(config: str, cls=Config):
-    from iris.ccl._library import decode_config
+
 
     return decode_config(config, cls)
 
@@ -238,7 +238,11 @@ def _(inp, weight, eps=1e-6, residual=None, group="", config=""):
 def compiled(name: str, out, *args, group=None, config=None, async_op: bool = False, workspace=None, **kw):
     """The call the public ``iris.ops.<name>`` makes under torch.compile: the functional
     op, its result copied into ``out`` (and ``residual_out``). Returns None."""
-    no_async(name, async_op)
+    if async_op:
+        raise RuntimeError(
+            f"{name}(async_op=True) is not supported inside torch.compile: the compiled graph runs "
+            "the op in order on the current stream; call it with async_op=False there"
+        )
     if workspace is not None:
         raise RuntimeError(
             f"{name}(workspace=...) is not supported inside torch.compile: the compiled op keeps a "
