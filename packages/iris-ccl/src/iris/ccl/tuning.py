@@ -27,9 +27,10 @@ Where the rules for a call come from, first match wins (:meth:`TableFormat.rules
 
 A table measured on another GPU model or group size is never used.
 
-A tuning command starts with :func:`start_session`, times its candidates with
-:func:`time_calls`, folds the fastest per size into rules with :func:`fold` and ends with
-:func:`finish_session`, which writes them (:meth:`TableFormat.write`).
+A tuning command (``python -m iris.ccl.tune`` is one) takes :func:`command_parser`'s
+arguments, starts with :func:`start_session`, times its candidates with :func:`time_calls`
+for each size or shape, folds the fastest into rules with :func:`measure_rules` and ends
+with :func:`finish_session`, which writes them (:meth:`TableFormat.write`).
 """
 
 from __future__ import annotations
