@@ -25,11 +25,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 import iris.mem
 from iris.mem import settings as _mem_settings
 
-from . import _dtypes
+from . import _comm, _dtypes
+from .reduce_op import ReduceOp
 from .work import Work
 
 #: The backend's name, as given to ``dist.new_group(backend=...)``.
@@ -105,8 +107,6 @@ def _check_reduction(t: torch.Tensor, op: str, collective: str) -> None:
 
 
 def _iris_op(op: str):
-    from .reduce_op import ReduceOp
-
     return ReduceOp.parse(op)
 
 
@@ -507,8 +507,6 @@ class IrisProcessGroup(dist.ProcessGroup):
 
 def _has_own_heap(group: dist.ProcessGroup) -> bool:
     """Whether iris.ccl has made its own heap (the one send/recv use) for ``group``."""
-    from . import _comm
-
     comm = _comm._communicators(group).get(None)
     return comm is not None and not comm.heap.closed
 
@@ -518,8 +516,6 @@ def _create(options: Any, pg_options: Any = None) -> IrisProcessGroup:
     hook, extended form): the group, its gloo host group over the same ranks, and a gloo
     backend registered on it (which gives the group the name functional collectives and
     DTensor find it by)."""
-    from torch.distributed import distributed_c10d as c10d
-
     rank, size, timeout = options.group_rank, options.group_size, options.timeout
     given = list(options.global_ranks_in_group)
     ranks = given or list(range(size))
