@@ -348,7 +348,7 @@ def test_config_validates_fields():
 
     make = iris.ops.AllReduceRMSNormConfig
     for kwargs, text in [
-        (dict(form="two_shot"), "form must be one of"),
+        (dict(form="two_shot"), "form must be 'auto', 'll' or 'rs_ag'"),
         (dict(block=100), "block must be a power of two"),
         (dict(block=32), "block must be a power of two"),
         (dict(num_warps=3), "num_warps"),

@@ -143,12 +143,12 @@ COMMON = {
 }
 
 
-#: The MoE kernels (iris.ops.moe), compiled by test_ops_moe_compile.py.
-MOE_PREFIX = "iris.ops.moe."
+#: The MoE kernels (iris.ops._moe_kernels), compiled by test_ops_moe_compile.py.
+MOE_PREFIX = "iris.ops._moe_kernels."
 #: all_reduce_rmsnorm's kernels and the form each implements.
 NORM_KERNELS = {
-    "iris.ops.all_reduce_rmsnorm._ll_rmsnorm_kernel": "ll",
-    "iris.ops.all_reduce_rmsnorm._rs_rmsnorm_kernel": "rs_ag",
+    "iris.ops._rmsnorm_kernels._ll_rmsnorm_kernel": "ll",
+    "iris.ops._rmsnorm_kernels._rs_rmsnorm_kernel": "rs_ag",
 }
 #: Their parameters besides FIXED's: element pointers (the profile's dtype), other types.
 NORM_DATA = {"inp", "residual", "weight", "out", "residual_out", "gout", "gres", "partials"}

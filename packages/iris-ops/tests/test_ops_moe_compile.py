@@ -1,4 +1,4 @@
-"""The MoE kernels (``iris.ops.moe``) compile for NVIDIA Hopper (sm_90) without a GPU.
+"""The MoE kernels (``iris.ops._moe_kernels``) compile for NVIDIA Hopper (sm_90) without a GPU.
 
 A fresh Python (``IRIS_BACKEND=cuda``, no ``TRITON_INTERPRET``) compiles
 ``_moe_dispatch_kernel`` and ``_moe_combine_kernel`` with ``triton.compile(ASTSource(...))``
@@ -61,10 +61,10 @@ def child_main(count: int) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from iris.ops import moe
+    from iris.ops import _moe_kernels, moe
 
     failures, compiled = [], 0
-    for fn in (moe._moe_dispatch_kernel, moe._moe_combine_kernel):
+    for fn in (_moe_kernels._moe_dispatch_kernel, _moe_kernels._moe_combine_kernel):
         for label, dtype, hidden, extra in PROFILES[:count]:
             cfg = moe.resolve(None, hidden, _Caps())
             constexprs = {**extra, "BLOCK_H": cfg.block, "HINT": 16}

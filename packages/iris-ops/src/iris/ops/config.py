@@ -1,4 +1,16 @@
-"""``Config``: how a fused op runs, and the table that picks one by shape."""
+"""The configs of iris.ops' ops, the checks they share, and the table of tiles of the fused
+GEMM ops.
+
+* :class:`Config`: the fused GEMM + communication ops (``matmul_all_reduce``,
+  ``all_gather_matmul``, ``matmul_all_gather``, ``matmul_reduce_scatter``); :func:`select`
+  fills in the fields left to choose.
+* :class:`AllReduceRMSNormConfig`: ``all_reduce_rmsnorm``.
+* :class:`MoEConfig`: ``moe_dispatch`` and ``moe_combine``.
+
+A config only checks its own fields (types and ranges, with a message naming the field); the
+op's resolve step fills in what is left to choose, for the shape and for the device
+(``iris.mem.capabilities``: SM count, interpreted or compiled kernels) of the call.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +20,68 @@ import torch
 
 #: Values of ``Config.path``.
 PATHS = ("auto", "fused", "composed")
+#: Values of ``AllReduceRMSNormConfig.form``.
+NORM_FORMS = ("auto", "ll", "rs_ag")
 #: Largest number of persistent programs a fused op launches (the sync slots of a workspace).
 MAX_PROGRAMS = 1024
+
+
+# --------------------------------------------------------------------------- shared checks
 
 
 def _power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
+def _either(choices: tuple[str, ...]) -> str:
+    """``"'a', 'b' or 'c'"``."""
+    quoted = [repr(c) for c in choices]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def _check_counts(config, names: tuple[str, ...]) -> None:
+    """Each field of ``names`` is an int >= 0 (0: the op chooses)."""
+    cls = type(config).__name__
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{cls}.{name} must be an int, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{cls}.{name} must be >= 0 (0 chooses), got {value}")
+
+
+def _check_power_of_two(config, name: str, low: int, high: int) -> None:
+    """Field ``name``, unless 0, is a power of two in ``[low, high]``."""
+    value = getattr(config, name)
+    if value and (not _power_of_two(value) or not low <= value <= high):
+        span = f"up to {high}" if low == 1 else f"from {low} to {high}"
+        raise ValueError(f"{type(config).__name__}.{name} must be a power of two {span}, got {value}")
+
+
+def _check_at_most(config, name: str, high: int) -> None:
+    value = getattr(config, name)
+    if value > high:
+        raise ValueError(f"{type(config).__name__}.{name} must be at most {high}, got {value}")
+
+
+def _check_choice(config, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{type(config).__name__}.{name} must be {_either(choices)}, got {value!r}")
+
+
+def _check_optional_bools(config, names: tuple[str, ...]) -> None:
+    """Each field of ``names`` is True, False or None (None: the op chooses)."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{type(config).__name__}.{name} must be True, False or None, got {value!r}")
+
+
+# --------------------------------------------------------------------------- the configs
+
+
+#: The int fields of ``Config`` (0: chosen by :func:`select`).
 _INT_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages", "num_sms", "comm_sms")
 
 
@@ -81,38 +147,98 @@ class Config:
     path: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"Config.{name} must be an int, got {value!r}")
-            if value < 0:
-                raise ValueError(f"Config.{name} must be >= 0 (0 chooses), got {value}")
+        _check_counts(self, _INT_FIELDS)
         for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value and (not _power_of_two(value) or not 16 <= value <= 256):
-                raise ValueError(f"Config.{name} must be a power of two from 16 to 256, got {value}")
-        if self.num_warps and (not _power_of_two(self.num_warps) or self.num_warps > 16):
-            raise ValueError(f"Config.num_warps must be a power of two up to 16, got {self.num_warps}")
-        if self.num_stages > 8:
-            raise ValueError(f"Config.num_stages must be at most 8, got {self.num_stages}")
-        if self.num_sms > MAX_PROGRAMS:
-            raise ValueError(f"Config.num_sms must be at most {MAX_PROGRAMS}, got {self.num_sms}")
-        if self.split not in ("auto", "m", "n"):
-            raise ValueError(f"Config.split must be 'auto', 'm' or 'n', got {self.split!r}")
-        if self.order not in ("auto", "peers_first", "spread"):
-            raise ValueError(f"Config.order must be 'auto', 'peers_first' or 'spread', got {self.order!r}")
-        if self.path not in PATHS:
-            raise ValueError(f"Config.path must be 'auto', 'fused' or 'composed', got {self.path!r}")
-        for name in ("tma", "stream"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise TypeError(f"Config.{name} must be True, False or None, got {value!r}")
+            _check_power_of_two(self, name, 16, 256)
+        _check_power_of_two(self, "num_warps", 1, 16)
+        _check_at_most(self, "num_stages", 8)
+        _check_at_most(self, "num_sms", MAX_PROGRAMS)
+        _check_choice(self, "split", ("auto", "m", "n"))
+        _check_choice(self, "order", ("auto", "peers_first", "spread"))
+        _check_choice(self, "path", PATHS)
+        _check_optional_bools(self, ("tma", "stream"))
 
 
-def check_config(config: object) -> None:
-    """A clear TypeError for a ``config`` that is not a :class:`Config` (or None)."""
-    if config is not None and not isinstance(config, Config):
-        raise TypeError(f"config must be an iris.ops.Config or None, got {type(config).__name__}")
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AllReduceRMSNormConfig:
+    """How :func:`~iris.ops.all_reduce_rmsnorm` runs; fields left at 0 / ``"auto"`` / None are
+    chosen per shape.
+
+    Attributes:
+        form: ``"ll"`` (one-shot flag-in-data exchange, for decode sizes), ``"rs_ag"``
+            (reduce-scatter of rows, norm, all-gather, for large token counts) or
+            ``"auto"`` (``"ll"`` while each rank sends at most ``LL_MAX_BYTES``).
+        block: elements of a row held in registers at once (power of two, 64-16384);
+            default: the row rounded up to a power of two, at most 8192 (4096 in the
+            interpreter). Longer rows take two passes.
+        num_warps: warps per program (power of two, 1-16); default: ``block / 512``
+            within 4-16.
+        programs: persistent programs (1-1024, never more than the device keeps resident);
+            default: one per row (``"ll"``: per pushed piece as well) up to the SM count.
+        spread: ``"ll"`` only: spread the pushes over every program in pieces of two
+            lines (16 bytes) per thread (2048 bf16 elements with 16 warps) instead of each
+            program pushing the rows it receives. None: on where programs run concurrently
+            (compiled kernels). Never when ``out`` is ``inp`` (a program must read its rows
+            before it overwrites them).
+    """
+
+    form: str = "auto"
+    block: int = 0
+    num_warps: int = 0
+    programs: int = 0
+    spread: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "form", NORM_FORMS)
+        _check_counts(self, ("block", "num_warps", "programs"))
+        _check_power_of_two(self, "block", 64, 16384)
+        _check_power_of_two(self, "num_warps", 1, 16)
+        _check_at_most(self, "programs", MAX_PROGRAMS)
+        _check_optional_bools(self, ("spread",))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class MoEConfig:
+    """How :func:`~iris.ops.moe_dispatch` and :func:`~iris.ops.moe_combine` run; fields left
+    at 0 are chosen.
+
+    Attributes:
+        max_recv_rows: capacity of a rank's receive buffer (``d.tokens`` has this many
+            rows on every rank), the most rows any rank may receive in one call. Default:
+            ``G * K * T_max``, with ``T_max`` the largest token count of any rank at the
+            first call (the worst case: every slot of every rank routed to one rank). A
+            call that would exceed it moves no row, records the error on the device, and
+            the host raises it at the next check (:meth:`~iris.ops.MoEDispatch.check`,
+            :func:`iris.ops.check_errors`; at once where kernels are interpreted).
+        programs: persistent programs (1-1024); default: the device's SM count (1 where
+            kernels are interpreted, where programs run one after another).
+        block: elements of a row moved at once (power of two, 64-16384); default: the row
+            rounded up to a power of two, at most 2048.
+        num_warps: warps per program (power of two, 1-16); default ``block / 256`` in 1-8.
+    """
+
+    max_recv_rows: int = 0
+    programs: int = 0
+    block: int = 0
+    num_warps: int = 0
+
+    def __post_init__(self) -> None:
+        _check_counts(self, ("max_recv_rows", "programs", "block", "num_warps"))
+        # Row positions travel as int32 in the kernels (origin, positions).
+        if self.max_recv_rows >= 1 << 31:
+            raise ValueError(f"MoEConfig.max_recv_rows must be below 2**31, got {self.max_recv_rows}")
+        _check_at_most(self, "programs", MAX_PROGRAMS)
+        _check_power_of_two(self, "block", 64, 16384)
+        _check_power_of_two(self, "num_warps", 1, 16)
+
+
+def check_config(config: object, cls: type = Config, op: str | None = None) -> None:
+    """A clear TypeError for a ``config`` that is not a ``cls`` (or None); ``op`` prefixes
+    the message with the op's name."""
+    if config is not None and not isinstance(config, cls):
+        prefix = f"{op}: " if op else ""
+        wanted = f"iris.ops.{cls.__name__}"
+        raise TypeError(f"{prefix}config must be an {wanted} or None, got {type(config).__name__}")
 
 
 def select(
