@@ -11,20 +11,15 @@ Edges: rows and columns past the valid extent are clamped to row/column 0 when l
 (every load stays in bounds, no mask in the inner loop) and masked when storing; a K that
 is not a multiple of ``BLOCK_K`` masks the K dimension (``EVEN_K=False``).
 
-Under Triton's interpreter two things differ, selected by the module constant
-:data:`INTERPRETED`: loops with run-time bounds are ``while`` loops (``range`` over a run-time
-value fails there), and ``tl.dot`` multiplies fp32 upcasts (the interpreter's bf16 dot is
-wrong). Compiled code never sees those branches.
+Under Triton's interpreter two things differ, selected by the constexpr ``INTERPRETED`` a
+kernel passes down from its launch (:func:`iris.ops._host.launch` sets it from
+``iris.mem.capabilities(device).interpreted`` at each call): loops with run-time bounds are
+``while`` loops (``range`` over a run-time value fails there), and ``tl.dot`` multiplies fp32
+upcasts (the interpreter's bf16 dot is wrong). Compiled code never sees those branches.
 """
 
 import triton
 import triton.language as tl
-
-from iris.mem import settings
-
-#: Whether kernels defined by iris.ops run in Triton's interpreter (decided at import,
-#: after ``iris.mem`` has configured Triton).
-INTERPRETED: tl.constexpr = tl.constexpr(settings.interpreted())
 
 
 @triton.jit
@@ -43,6 +38,7 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 def _k_block(
     acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """``acc`` plus the product of K block ``k`` (``a_ptrs``/``b_ptrs`` point at block 0)."""
     in_k = k * BLOCK_K + tl.arange(0, BLOCK_K) < k_len
@@ -58,7 +54,7 @@ def _k_block(
         b = tl.load(b_ptrs + k * BLOCK_K * stride_bk)
     else:
         b = tl.load(b_ptrs + k * BLOCK_K * stride_bk, mask=in_k[:, None], other=0.0)
-    if INTERPRETED:
+    if INTERPRETED:  # the interpreter's bf16/fp16 dot is wrong: multiply fp32 upcasts
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)  # fp32 inputs: tf32 tensor cores
@@ -85,13 +81,13 @@ def _k_step(
     stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     TMA_A: tl.constexpr, TMA_B: tl.constexpr, STREAM: tl.constexpr, STREAM_ROWS: tl.constexpr,
-    STREAM_ALIGNED: tl.constexpr,
+    STREAM_ALIGNED: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """K step ``k`` of :func:`matmul_tile`: the block product, and with ``STREAM`` the next
     slice of the streamed copy. Returns ``(acc, part)``."""
     acc = _k_block(
         acc, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak, stride_bk,
-        BLOCK_K, EVEN_K, TMA_A, TMA_B,
+        BLOCK_K, EVEN_K, TMA_A, TMA_B, INTERPRETED,
     )  # fmt: skip
     if STREAM:
         part = _stream_step(
@@ -110,6 +106,7 @@ def matmul_tile(
     TMA_A: tl.constexpr = False, TMA_B: tl.constexpr = False,
     stream_src=None, stream_src_ld=0, stream_dst=None, stream_ld=0, stream_rows=0, stream_cols=0,
     STREAM: tl.constexpr = False, STREAM_ROWS: tl.constexpr = 1, STREAM_ALIGNED: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):  # fmt: skip
     """``acc + a[row0 : row0 + BLOCK_M, :k_len] @ b[:k_len, col0 : col0 + BLOCK_N]`` in fp32.
 
@@ -133,6 +130,7 @@ def matmul_tile(
         on it). Each step loads the next slice and stores the one loaded a step earlier, so
         no load is waited for; rows the K steps do not reach (a K loop shorter than
         ``BLOCK_M / STREAM_ROWS`` steps, e.g. K = 0) are copied after it.
+    :param INTERPRETED: the kernel runs in Triton's interpreter (see the module docstring).
     """
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
@@ -157,6 +155,7 @@ def matmul_tile(
                 acc, part, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak,
                 stride_bk, stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
                 BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
+                INTERPRETED,
             )  # fmt: skip
             k += 1
     else:
@@ -165,6 +164,7 @@ def matmul_tile(
                 acc, part, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak,
                 stride_bk, stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
                 BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
+                INTERPRETED,
             )  # fmt: skip
     if STREAM:  # rows the K steps did not cover (only when K has fewer steps than planned)
         k = k_tiles

@@ -127,13 +127,15 @@ def workspace_for(op: str, ranks, index, shapes, a, cfg, extra, out, in_place_ou
 
 
 def launch(kernel, grid: int, ws: _workspace.Workspace, cfg: Config, *args, **meta) -> None:
-    """Launch ``kernel`` on ``grid`` programs over the workspace's sync state
-    (:func:`iris.mem.runtime.launch`), its ``state`` words, ``args`` and the config's
-    constexprs."""
+    """Launch the GEMM kernel ``kernel`` on ``grid`` programs over the workspace's sync state
+    (:func:`iris.mem.runtime.launch`), its ``state`` words, ``args``, the config's constexprs
+    and ``INTERPRETED`` (whether the workspace's device interprets kernels: the GEMM core's
+    interpreter-safe K loop, see :mod:`iris.ops._gemm`)."""
+    interpreted = iris.mem.capabilities(ws.heap.device).interpreted
     runtime.launch(
         kernel, grid, ws.sync, ws.buffers["state"], *args, programs=max(grid, cfg.num_sms),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **meta,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, INTERPRETED=interpreted, **meta,
     )  # fmt: skip
 
 

@@ -190,7 +190,8 @@ class _Gemm:
     """The GEMM of one output tile: operands ``a`` and ``b`` (read through the tensor
     descriptors ``a_desc`` / ``b_desc`` with ``TMA_A`` / ``TMA_B``), the K extent and the
     strides, the block sizes and ``EVEN_K``; with ``STREAM`` a pending :class:`_Copy` moves
-    ``STREAM_ROWS`` rows per K step (16-byte vectors with ``STREAM_ALIGNED``)."""
+    ``STREAM_ROWS`` rows per K step (16-byte vectors with ``STREAM_ALIGNED``); ``INTERPRETED``:
+    the interpreter-safe K loop of :func:`~iris.ops._gemm.matmul_tile`."""
 
     a: tl.tensor
     b: tl.tensor
@@ -210,6 +211,7 @@ class _Gemm:
     STREAM: tl.constexpr
     STREAM_ROWS: tl.constexpr
     STREAM_ALIGNED: tl.constexpr
+    INTERPRETED: tl.constexpr
 
     @triton.jit
     def product(self, tile, job):
@@ -223,7 +225,7 @@ class _Gemm:
             self.BLOCK_M, self.BLOCK_N, self.BLOCK_K, self.EVEN_K,
             self.a_desc, tile.row_base + tile.row0, self.b_desc, 0, tile.col_base + tile.col0,
             self.TMA_A, self.TMA_B, job.src, job.src_ld, job.dst, job.ld, job.rows, job.cols,
-            self.STREAM, self.STREAM_ROWS, self.STREAM_ALIGNED,
+            self.STREAM, self.STREAM_ROWS, self.STREAM_ALIGNED, self.INTERPRETED,
         )  # fmt: skip
 
 
@@ -408,7 +410,7 @@ def _matmul_reduce_kernel(
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_N: tl.constexpr, ALL_REDUCE: tl.constexpr,
     ALIGNED: tl.constexpr, WS_ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
     SPREAD: tl.constexpr = False, STREAM: tl.constexpr = False, STREAM_ROWS: tl.constexpr = 1,
-    STREAM_OUT: tl.constexpr = False, STREAM_ALIGNED: tl.constexpr = False,
+    STREAM_OUT: tl.constexpr = False, STREAM_ALIGNED: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):  # fmt: skip
     """Chunk ``j`` covers rows ``[j*CM, (j+1)*CM)`` (``SPLIT_N`` False, CN = N) or columns
     ``[j*CN, (j+1)*CN)`` (``SPLIT_N``, CM = M), clipped to the matrix. ``ws`` holds
@@ -438,7 +440,7 @@ def _matmul_reduce_kernel(
         group.sync(ctx, pid, fence=False)  # nothing remote before it: no fence
     gemm = _Gemm(
         a, b, a_desc, b_desc, K, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
-        EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
+        EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED, INTERPRETED,
     )  # fmt: skip
     staged = stage + tl.cast(pid, tl.int64) * (BLOCK_M * BLOCK_N)
     ex = _Exchange(

@@ -27,6 +27,8 @@ has entered the call).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -39,8 +41,10 @@ from iris.mem.triton import Context
 from . import _composed, _host, _select
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
 from ._sync import call_generation, claim_tile, finish_call, remote_tile, signal, signal_count, wait
-from .config import Config
+from .config import Config, select
 from .workspace import Workspace
+
+_OP = "all_gather_matmul"
 
 
 @triton.jit
@@ -117,6 +121,93 @@ def _proxy_fence(TMA_A: tl.constexpr):
 
 
 @triton.jit
+def _combined_tile(
+    ctx, group, ws, b, ready, gen, pushers, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    TMA_A: tl.constexpr, TMA_B: tl.constexpr, GROUP: tl.constexpr, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """``COMBINED``: output tile ``i`` (of the one row block: the rows of every shard, in
+    member order) once every member's whole shard is in ``ws``. Returns ``(acc, pid_m,
+    pid_n, first output row, valid rows)``."""
+    pid_m = i * 0
+    pid_n = i
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in tl.static_range(GROUP):
+        wait(ctx, group, ready + j, gen * pushers, group.rank(j))
+    _proxy_fence(TMA_A)
+    acc = matmul_tile(
+        acc, ws, b, 0, GROUP * MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, 0, b_desc, 0, pid_n * BLOCK_N, TMA_A, TMA_B,
+        INTERPRETED=INTERPRETED,
+    )  # fmt: skip
+    return acc, pid_m, pid_n, pid_m * 0, GROUP * MS
+
+
+@triton.jit
+def _k_sliced_tile(
+    ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn, row_blocks,
+    tiles_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """``GATHER_K``: output tile ``i``, the product of every member's K slice of A (this
+    rank's first: it is there already) and the matching rows of ``b``, each slice once its
+    row block has arrived. Returns ``(acc, pid_m, pid_n, first output row, valid rows)``."""
+    pid_m, pid_n = grouped_tile(i, row_blocks, tiles_n, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(GROUP):  # this rank's K slice first
+        j = (ME + s) % GROUP
+        src = _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks)
+        _proxy_fence(TMA_A)
+        b_slice = b + tl.cast(j, tl.int64) * KS * stride_bk
+        acc = matmul_tile(
+            acc, src, b_slice, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS,
+            KS, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            a_desc, j * MS + pid_m * BLOCK_M, b_desc, j * KS, pid_n * BLOCK_N, TMA_A, TMA_B,
+            INTERPRETED=INTERPRETED,
+        )  # fmt: skip
+    return acc, pid_m, pid_n, pid_m * 0, MS
+
+
+@triton.jit
+def _m_sharded_tile(
+    ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn, row_blocks,
+    tiles_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """Along M: output tile ``i`` of the rows of member ``c``'s shard (tiles of this rank's
+    own rows come first and need no wait), once its row block has arrived. Returns ``(acc,
+    pid_m, pid_n, first output row, valid rows)``."""
+    chunk_tiles = row_blocks * tiles_n
+    position = i // chunk_tiles  # this rank's rows first
+    c = (ME + position) % GROUP
+    pid_m, pid_n = grouped_tile(i - position * chunk_tiles, row_blocks, tiles_n, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    src = _shard_source(ctx, group, a, ws, ready, gen, c, pid_m, MS, KS, row_blocks)
+    _proxy_fence(TMA_A)
+    acc = matmul_tile(
+        acc, src, b, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, c * MS + pid_m * BLOCK_M, b_desc, 0,
+        pid_n * BLOCK_N, TMA_A, TMA_B, INTERPRETED=INTERPRETED,
+    )  # fmt: skip
+    return acc, pid_m, pid_n, c * MS, MS
+
+
+@triton.jit
+def _store_tile(out, bias, acc, pid_m, pid_n, out_row, rows_valid, N, stride_om, stride_on,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """``acc`` (+ bias), rounded to ``out``'s dtype, into tile ``(pid_m, pid_n)`` of the
+    output rows starting at ``out_row`` (``rows_valid`` of them)."""
+    row0 = pid_m * BLOCK_M
+    col0 = pid_n * BLOCK_N
+    acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
+    origin, offs, mask = tile_offsets(row0, rows_valid, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+    origin += tl.cast(out_row, tl.int64) * stride_om
+    tl.store(out + origin + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _all_gather_matmul_kernel(
     context, members, sync_flags, epochs, status, budget, state, ready,
     a, b, bias, out, ws, a_desc, b_desc,
@@ -125,7 +216,7 @@ def _all_gather_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PUSH_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATHER_K: tl.constexpr,
     TMA_A: tl.constexpr, TMA_B: tl.constexpr, ALIGNED: tl.constexpr, COMBINED: tl.constexpr = False,
-    PUSH_M: tl.constexpr = 16,
+    PUSH_M: tl.constexpr = 16, INTERPRETED: tl.constexpr = False,
 ):  # fmt: skip
     """Every shard is ``MS x KS`` (row-major; ``a`` is this rank's). Along M (``GATHER_K``
     False) ``out`` is ``(GROUP*MS, N)`` and ``b`` ``(KS, N)``; along K ``out`` is ``(MS, N)``
@@ -153,78 +244,144 @@ def _all_gather_matmul_kernel(
             _push_combined(ctx, group, a, ws, ready, MS, KS, pushers, PUSH_M, PUSH_K, ALIGNED)
         else:
             _push_shard(ctx, group, a, ws, ready, gen, MS, KS, row_blocks, pushers, BLOCK_M, PUSH_K, ALIGNED)
+    # Then every program (the pushers too) claims output tiles until none is left.
     tiles_n = tl.cdiv(N, BLOCK_N)
-    chunk_tiles = row_blocks * tiles_n
     if GATHER_K or COMBINED:
-        total = chunk_tiles
+        total = row_blocks * tiles_n
     else:
-        total = GROUP * chunk_tiles
+        total = GROUP * row_blocks * tiles_n
     i = claim_tile(state)
     while i < total:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if COMBINED:  # one row block: rows of every shard, in member order
-            pid_m = i * 0
-            pid_n = i
-            for j in tl.static_range(GROUP):
-                wait(ctx, group, ready + j, gen * pushers, group.rank(j))
-            _proxy_fence(TMA_A)
-            acc = matmul_tile(
-                acc, ws, b, 0, GROUP * MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, 0, b_desc, 0, pid_n * BLOCK_N, TMA_A, TMA_B,
+        if COMBINED:
+            acc, pid_m, pid_n, out_row, rows_valid = _combined_tile(
+                ctx, group, ws, b, ready, gen, pushers, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, GROUP, INTERPRETED,
             )  # fmt: skip
-            out_row = pid_m * 0
-            rows_valid = GROUP * MS
         elif GATHER_K:
-            pid_m, pid_n = grouped_tile(i, row_blocks, tiles_n, GROUP_M)
-            for s in range(GROUP):  # this rank's K slice first
-                j = (ME + s) % GROUP
-                src = _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks)
-                _proxy_fence(TMA_A)
-                b_slice = b + tl.cast(j, tl.int64) * KS * stride_bk
-                acc = matmul_tile(
-                    acc, src, b_slice, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS,
-                    KS, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                    a_desc, j * MS + pid_m * BLOCK_M, b_desc, j * KS, pid_n * BLOCK_N, TMA_A, TMA_B,
-                )  # fmt: skip
-            out_row = pid_m * 0
-            rows_valid = MS
-        else:
-            position = i // chunk_tiles  # this rank's rows first
-            c = (ME + position) % GROUP
-            pid_m, pid_n = grouped_tile(i - position * chunk_tiles, row_blocks, tiles_n, GROUP_M)
-            src = _shard_source(ctx, group, a, ws, ready, gen, c, pid_m, MS, KS, row_blocks)
-            _proxy_fence(TMA_A)
-            acc = matmul_tile(
-                acc, src, b, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, c * MS + pid_m * BLOCK_M, b_desc, 0,
-                pid_n * BLOCK_N, TMA_A, TMA_B,
+            acc, pid_m, pid_n, out_row, rows_valid = _k_sliced_tile(
+                ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
+                row_blocks, tiles_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA_A, TMA_B, GROUP, ME,
+                INTERPRETED,
             )  # fmt: skip
-            out_row = c * MS
-            rows_valid = MS
-        row0 = pid_m * BLOCK_M
-        col0 = pid_n * BLOCK_N
-        acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
-        origin, offs, mask = tile_offsets(row0, rows_valid, col0, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
-        origin += tl.cast(out_row, tl.int64) * stride_om
-        tl.store(out + origin + offs, acc.to(out.dtype.element_ty), mask=mask)
+        else:
+            acc, pid_m, pid_n, out_row, rows_valid = _m_sharded_tile(
+                ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
+                row_blocks, tiles_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA_A, TMA_B, GROUP, ME,
+                INTERPRETED,
+            )  # fmt: skip
+        _store_tile(
+            out, bias, acc, pid_m, pid_n, out_row, rows_valid, N, stride_om, stride_on, HAS_BIAS, BLOCK_M,
+            BLOCK_N,
+        )  # fmt: skip
         i = claim_tile(state)
     finish_call(state, gen)
 
 
-def _gathered_a(a_shard: torch.Tensor, shards: torch.Tensor, size: int, index: int, combined: bool, cfg):
-    """``(a_desc, TMA_A)`` of the kernel: one tensor descriptor (blocks ``BLOCK_M x BLOCK_K``)
-    over the gathered A as a ``(size*MS, KS)`` matrix, where TMA is available, the config asks
-    for it and the rows are 16-byte aligned; else ``(shards, False)`` (pointer loads). In a
-    group of one it covers ``a_shard`` itself; otherwise the workspace's shard slots, this
-    rank's own shard copied into its slot here (with ``combined`` the pushers copy it)."""
+# --------------------------------------------------------------------------- host side
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a call runs: the resolved config and the launch sizes."""
+
+    cfg: Config
+    row_blocks: int  # row blocks of BLOCK_M rows of a shard (one ready flag each)
+    combined: bool  # the decode layout: the whole gathered A in one tile row
+    push_m: int  # rows and columns of the blocks the pushers copy
+    push_k: int
+    pushers: int  # programs that push the shard before they join the GEMM
+    grid: int
+    tma_a: bool  # read the gathered A through a tensor descriptor, where its layout allows
+    tma_b: bool  # read B through a tensor descriptor, where its layout allows
+
+
+def _plan(m: int, n: int, a_shard: torch.Tensor, size: int, gather_dim: int, config: Config | None) -> _Plan:
+    """The plan of a call with output tiles over ``m x n`` and shards like ``a_shard``, for the
+    device's capabilities (interpreted programs get small push blocks: cheap to interpret)."""
+    caps = iris.mem.capabilities(a_shard.device)
+    cfg = select(m, n, a_shard.dtype, caps.sm_count, caps.interpreted, config, wide=True)
     ms, ks = a_shard.shape
-    if not (cfg.tma and iris.mem.capabilities(a_shard.device).tma):
+    row_blocks = _host.cdiv(ms, cfg.block_m)
+    # Decode shapes: the whole gathered A fits in one tile row; gather it into the workspace
+    # (own shard included) and read B once rather than once per shard.
+    combined = gather_dim == 0 and size > 1 and m <= cfg.block_m
+    tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 and not combined else 1)
+    k_pow2 = triton.next_power_of_2(max(ks, 16))
+    if combined:  # the shard's few rows, as many columns as 16K elements (registers) allow
+        push_m = triton.next_power_of_2(max(ms, 1))
+        push_k = min(32 if caps.interpreted else 16384 // push_m, k_pow2)
+        pushers = min(cfg.comm_sms, _host.cdiv(ks, push_k))
+    else:  # whole row blocks of BLOCK_M rows
+        push_m, push_k = cfg.block_m, min(32 if caps.interpreted else 128, k_pow2)
+        pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
+    grid = max(1, min(cfg.num_sms, tiles + pushers))
+    # Along K a B block past a slice's end holds the next slice's rows: only exact slices.
+    tma_b = cfg.tma and (gather_dim == 0 or ks % cfg.block_k == 0)
+    tma_a = cfg.tma and caps.tma
+    return _Plan(cfg, row_blocks, combined, push_m, push_k, pushers, grid, tma_a, tma_b)
+
+
+def _gathered_a(a_shard: torch.Tensor, shards: torch.Tensor, size: int, index: int, plan: _Plan):
+    """``(a_desc, TMA_A)`` of the kernel: one tensor descriptor (blocks ``BLOCK_M x BLOCK_K``)
+    over the gathered A as a ``(size*MS, KS)`` matrix, where the plan reads A through TMA and
+    the rows are 16-byte aligned; else ``(shards, False)`` (pointer loads). In a group of one
+    it covers ``a_shard`` itself; otherwise the workspace's shard slots, this rank's own shard
+    copied into its slot here (in the combined layout the pushers copy it)."""
+    ms, ks = a_shard.shape
+    if not plan.tma_a:
         return shards, False
     gathered = a_shard if size == 1 else shards[: size * ms * ks].view(size * ms, ks)
-    desc, tma = _host.tma_operand(gathered, (cfg.block_m, cfg.block_k), True)
-    if tma and size > 1 and not combined:
+    desc, tma = _host.tma_operand(gathered, (plan.cfg.block_m, plan.cfg.block_k), True)
+    if tma and size > 1 and not plan.combined:
         gathered[index * ms : (index + 1) * ms].copy_(a_shard)
     return (desc, True) if tma else (shards, False)
+
+
+def _run(plan: _Plan, out, a_shard, b, bias, gather_dim: int, ranks, index: int, group, workspace) -> None:
+    """Acquire the call's workspace and launch the kernel (nothing to launch for an empty
+    output)."""
+    size, cfg = len(ranks), plan.cfg
+    ms, ks = a_shard.shape
+    specs = [("ready", size * plan.row_blocks, torch.int32), ("shards", size * ms * ks, a_shard.dtype)]
+    shapes = (tuple(a_shard.shape), tuple(b.shape), tuple(out.shape))
+    ws = _host.workspace_for(
+        _OP, ranks, index, shapes, a_shard, cfg, gather_dim, out, True, specs, workspace, group
+    )
+    if not out.numel():
+        return
+    b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), plan.tma_b)
+    a_desc, tma_a = _gathered_a(a_shard, ws.buffers["shards"], size, index, plan)
+    _host.launch(
+        _all_gather_matmul_kernel, plan.grid, ws, cfg,
+        ws.buffers["ready"], a_shard, b, bias if bias is not None else a_shard, out, ws.buffers["shards"],
+        a_desc, b_desc,
+        ms, out.shape[1], ks, *b.stride(), *out.stride(), min(plan.pushers, plan.grid),
+        PUSH_M=plan.push_m, PUSH_K=plan.push_k,
+        EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1,
+        TMA_A=tma_a, TMA_B=tma_b,
+        ALIGNED=_host.aligned(ws.buffers["shards"], ks), COMBINED=plan.combined,
+    )  # fmt: skip
+
+
+def _validate(out, a_shard, b, bias, gather_dim, group) -> tuple[tuple[int, ...], int, int, int]:
+    """``(global ranks of group, this rank's index, M, N)`` of a call, or a clear error."""
+    op = _OP
+    _host.check_operands(op, out, a_shard, b, bias)
+    if gather_dim not in (0, 1) or isinstance(gather_dim, bool):
+        raise ValueError(f"{op}: gather_dim must be 0 (A sharded along M) or 1 (along K), got {gather_dim!r}")
+    ranks, index = _host.group_position(group)
+    size = len(ranks)
+    (ms, ks), (k, n) = a_shard.shape, b.shape
+    m = ms * size if gather_dim == 0 else ms
+    if k != (ks if gather_dim == 0 else ks * size):
+        what = "a_shard's columns" if gather_dim == 0 else "the group size x a_shard's columns"
+        raise ValueError(
+            f"{op}: a_shard is {list(a_shard.shape)} and b is {list(b.shape)}; b's rows must equal {what} "
+            f"for gather_dim={gather_dim}"
+        )
+    _host.check_shape(op, out, (m, n), f"the gathered A's rows, b's columns for gather_dim={gather_dim}")
+    _host.check_bias(op, bias, n)
+    return ranks, index, m, n
 
 
 def all_gather_matmul(
@@ -260,22 +417,7 @@ def all_gather_matmul(
 
         opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
         return _library.compiled("all_gather_matmul", out, a_shard, b, bias, gather_dim=gather_dim, **opts)
-    op = "all_gather_matmul"
-    _host.check_operands(op, out, a_shard, b, bias)
-    if gather_dim not in (0, 1) or isinstance(gather_dim, bool):
-        raise ValueError(f"{op}: gather_dim must be 0 (A sharded along M) or 1 (along K), got {gather_dim!r}")
-    ranks, index = _host.group_position(group)
-    size = len(ranks)
-    (ms, ks), (k, n) = a_shard.shape, b.shape
-    m = ms * size if gather_dim == 0 else ms
-    if k != (ks if gather_dim == 0 else ks * size):
-        what = "a_shard's columns" if gather_dim == 0 else "the group size x a_shard's columns"
-        raise ValueError(
-            f"{op}: a_shard is {list(a_shard.shape)} and b is {list(b.shape)}; b's rows must equal {what} "
-            f"for gather_dim={gather_dim}"
-        )
-    _host.check_shape(op, out, (m, n), f"the gathered A's rows, b's columns for gather_dim={gather_dim}")
-    _host.check_bias(op, bias, n)
+    ranks, index, m, n = _validate(out, a_shard, b, bias, gather_dim, group)
     from . import _hier  # a group spanning nodes: fused within the node, staged between
 
     spans, work = _hier.entry(
@@ -284,46 +426,14 @@ def all_gather_matmul(
     )  # fmt: skip
     if spans:
         return work
+    ks = a_shard.shape[1]
     if a_shard.stride() != (ks, 1):
         a_shard = a_shard.contiguous()
-    if _select.path(op, m * n * k, size, a_shard.device, config) == "composed":
+    size, k = len(ranks), b.shape[0]
+    if _select.path(_OP, m * n * k, size, a_shard.device, config) == "composed":
         kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
         _composed.all_gather_matmul(out, a_shard, b, bias, gather_dim=gather_dim, **kw)
         return _host.finish(a_shard.device, async_op)
-    cfg = _host.resolve(m, n, a_shard, config, wide=True)
-    row_blocks = _host.cdiv(ms, cfg.block_m)
-    specs = [("ready", size * row_blocks, torch.int32), ("shards", size * ms * ks, a_shard.dtype)]
-    shapes = (tuple(a_shard.shape), tuple(b.shape), tuple(out.shape))
-    ws = _host.workspace_for(
-        op, ranks, index, shapes, a_shard, cfg, gather_dim, out, True, specs, workspace, group
-    )
-    # Decode shapes: the whole gathered A fits in one tile row; gather it into the workspace
-    # (own shard included) and read B once rather than once per shard.
-    combined = gather_dim == 0 and size > 1 and m <= cfg.block_m
-    if out.numel():
-        tiles = row_blocks * _host.cdiv(n, cfg.block_n) * (size if gather_dim == 0 and not combined else 1)
-        k_pow2 = triton.next_power_of_2(max(ks, 16))
-        interpreted = iris.mem.capabilities(a_shard.device).interpreted  # small pieces: cheap programs
-        if combined:  # the shard's few rows, as many columns as 16K elements (registers) allow
-            push_m = triton.next_power_of_2(max(ms, 1))
-            push_k = min(32 if interpreted else 16384 // push_m, k_pow2)
-            pushers = min(cfg.comm_sms, _host.cdiv(ks, push_k))
-        else:  # whole row blocks of BLOCK_M rows
-            push_m, push_k = cfg.block_m, min(32 if interpreted else 128, k_pow2)
-            pushers = min(cfg.comm_sms, row_blocks) if size > 1 else 0
-        grid = max(1, min(cfg.num_sms, tiles + pushers))
-        # Along K a B block past a slice's end holds the next slice's rows: only exact slices.
-        use_tma = cfg.tma and (gather_dim == 0 or ks % cfg.block_k == 0)
-        b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), use_tma)
-        a_desc, tma_a = _gathered_a(a_shard, ws.buffers["shards"], size, index, combined, cfg)
-        _host.launch(
-            _all_gather_matmul_kernel, grid, ws, cfg,
-            ws.buffers["ready"], a_shard, b, bias if bias is not None else a_shard, out, ws.buffers["shards"],
-            a_desc, b_desc,
-            ms, n, ks, *b.stride(), *out.stride(), min(pushers, grid),
-            PUSH_M=push_m, PUSH_K=push_k,
-            EVEN_K=ks % cfg.block_k == 0, HAS_BIAS=bias is not None, GATHER_K=gather_dim == 1,
-            TMA_A=tma_a, TMA_B=tma_b,
-            ALIGNED=_host.aligned(ws.buffers["shards"], ks), COMBINED=combined,
-        )  # fmt: skip
+    plan = _plan(m, n, a_shard, size, gather_dim, config)
+    _run(plan, out, a_shard, b, bias, gather_dim, ranks, index, group, workspace)
     return _host.finish(a_shard.device, async_op)

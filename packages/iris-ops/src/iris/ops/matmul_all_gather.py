@@ -33,7 +33,7 @@ def _matmul_all_gather_kernel(
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, ALIGNED: tl.constexpr,
-    TMA_A: tl.constexpr, TMA_B: tl.constexpr,
+    TMA_A: tl.constexpr, TMA_B: tl.constexpr, INTERPRETED: tl.constexpr = False,
 ):  # fmt: skip
     """``out[ME*M : (ME+1)*M]`` of every member = ``a @ b (+ bias)``; ``out`` is ``(GROUP*M, N)``."""
     ctx = Context.initialize(context, RANK, WORLD)
@@ -52,6 +52,7 @@ def _matmul_all_gather_kernel(
         acc = matmul_tile(
             acc, a, b, row0, M, col0, N, K, stride_am, stride_ak, stride_bk, stride_bn,
             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, row0, b_desc, 0, col0, TMA_A, TMA_B,
+            INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc = add_bias(acc, bias, col0, N, HAS_BIAS, BLOCK_N)
         result = acc.to(out.dtype.element_ty)
