@@ -21,13 +21,37 @@ collectives inside the contenders stay matched.
 
 from __future__ import annotations
 
+import os
 import random
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
+#: The repository's root: scripts are named relative to it in the results.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def command_line() -> str:
+    """This run's command as one would type it, for the results' ``meta``:
+    ``torchrun --nproc-per-node N benchmarks/.../bench_x.py ARGS`` (with ``--nnodes`` when the
+    job spans several agents), preceded by the settings that change what Iris runs
+    (``IRIS_CCL_TABLE``, ``IRIS_OPS_TABLE``) when they are set."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    world = int(os.environ.get("WORLD_SIZE") or local)
+    launcher = [
+        "torchrun",
+        *([f"--nnodes={world // local}"] if world != local else []),
+        "--nproc-per-node",
+        str(local),
+    ]
+    settings = [f"{k}={os.environ[k]}" for k in ("IRIS_CCL_TABLE", "IRIS_OPS_TABLE") if os.environ.get(k)]
+    return shlex.join([*settings, *launcher, script, *sys.argv[1:]])
 
 
 def any_rank(flags: list[bool]) -> list[bool]:

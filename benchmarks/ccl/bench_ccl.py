@@ -11,6 +11,12 @@ graph of several calls, the contenders of a size timed in interleaved rounds
 the rounds per rank, maximum over ranks. Prints a table with bus bandwidth and ratios;
 writes results.json and ccl_<collective>.png.
 
+``--dtype`` takes bf16, fp16, fp32 and the fp8 formats ``float8_e4m3fn`` and ``float8_e5m2``.
+For fp8 the reference of the reductions is NCCL's fp32 result rounded once to the format
+(iris.ccl accumulates in fp32 and rounds once), of the other collectives NCCL moving the same
+bytes; the timed NCCL contender is NCCL's own fp8 reduction (left out, with its reason in the
+row's ``not_timed``, where torch or NCCL has none) and NCCL moving the bytes otherwise.
+
 ``all_to_all_uneven`` is ``iris.ccl.all_to_all`` with split sizes beside NCCL's
 ``all_to_all_single`` with the same splits: rows of ``--hidden`` elements, split the way a
 mixture-of-experts layer sends tokens (``--patterns``: random weights per rank, most rows to
@@ -35,12 +41,18 @@ import iris.ccl
 import iris.mem
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
 SIZES = sorted({8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB} | {MiB, GiB})
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
 #: Every variant of every collective iris.ccl has ("auto" picks one of them).
 IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VARIANTS.items()}
 #: all_to_all with split sizes: its name here, its per-rank input sizes (64 KiB * 4**i up
@@ -100,6 +112,23 @@ def _best_shapes(row: dict, shapes: list[dict]) -> None:
         times[name] = best_us
 
 
+def _fp8(dtype: torch.dtype) -> bool:
+    """A 1-byte float format: no random fill, no NCCL data type of its own in every torch."""
+    return dtype.is_floating_point and dtype.itemsize == 1
+
+
+def _fill_random(t: torch.Tensor) -> torch.Tensor:
+    """Fresh N(0, 1) values (torch draws none directly in fp8: drawn in fp32, then rounded)."""
+    if _fp8(t.dtype):
+        return t.copy_(torch.randn(t.shape, device=t.device).to(t.dtype))
+    return t.normal_()
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as NCCL moves it: fp8 as its bytes, other dtypes as they are."""
+    return t.view(torch.uint8) if _fp8(t.dtype) else t
+
+
 def _bus_factor(collective: str, world: int) -> float:
     return 2 * (world - 1) / world if collective == "all_reduce" else (world - 1) / world
 
@@ -109,9 +138,9 @@ class Buffers:
 
     def __init__(self, heap, max_bytes: int, dtype: torch.dtype, world: int):
         n = max_bytes // dtype.itemsize
-        self.inp = heap.randn(n, dtype=dtype)
+        self.inp = _fill_random(heap.empty(n, dtype=dtype))
         self.out = heap.empty(n * world, dtype=dtype)
-        self.nccl_inp = torch.randn(n, dtype=dtype, device=heap.device)
+        self.nccl_inp = _fill_random(torch.empty(n, dtype=dtype, device=heap.device))
         self.nccl_out = torch.empty(n * world, dtype=dtype, device=heap.device)
         self.symm = None
         try:
@@ -141,17 +170,35 @@ def _iris_call(collective: str, variant: str, b: Buffers, n: int, world: int, sh
 
 
 def _nccl_call(collective: str, b: Buffers, n: int, world: int):
+    """NCCL's collective: the reductions in the dtype itself (fp8 where torch and NCCL have
+    it), the moving collectives on the bytes (what NCCL moves for any dtype)."""
     inp = b.nccl_inp[:n]
     if collective == "all_reduce":
         return lambda: dist.all_reduce(inp)
-    if collective == "all_gather":
-        out = b.nccl_out[: n * world]
-        return lambda: dist.all_gather_into_tensor(out, inp)
     if collective == "reduce_scatter":
         out = b.nccl_out[: n // world]
         return lambda: dist.reduce_scatter_tensor(out, inp)
-    out = b.nccl_out[:n]
-    return lambda: dist.all_to_all_single(out, inp)
+    if collective == "all_gather":
+        out = _bytes(b.nccl_out[: n * world])
+        return lambda: dist.all_gather_into_tensor(out, _bytes(inp))
+    out = _bytes(b.nccl_out[:n])
+    return lambda: dist.all_to_all_single(out, _bytes(inp))
+
+
+def _reference(collective: str, b: Buffers, n: int, world: int) -> torch.Tensor:
+    """NCCL's result on ``b.nccl_inp[:n]``; for fp8, reductions in fp32 rounded once to the
+    format (the contract of iris.ccl's fp8 reductions)."""
+    if not _fp8(b.nccl_inp.dtype) or collective in ("all_gather", "all_to_all"):
+        _nccl_call(collective, b, n, world)()
+        numel = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world, "all_to_all": n}
+        return b.nccl_inp[:n] if collective == "all_reduce" else b.nccl_out[: numel[collective]]
+    wide = b.nccl_inp[:n].float()
+    if collective == "all_reduce":
+        dist.all_reduce(wide)
+        return wide.to(b.nccl_inp.dtype)
+    out = torch.empty(n // world, dtype=torch.float32, device=wide.device)
+    dist.reduce_scatter_tensor(out, wide)
+    return out.to(b.nccl_inp.dtype)
 
 
 def _check(
@@ -159,22 +206,27 @@ def _check(
 ) -> str | None:
     """Compare iris's result with NCCL's on the same input (fresh random data): None when it
     matches, else what went wrong."""
-    b.inp[:n].normal_()
+    _fill_random(b.inp[:n])
     b.nccl_inp[:n].copy_(b.inp[:n])
     what = f"{collective}/{variant}{_shape_label(shape)} n={n}"
     fn, out = _iris_call(collective, variant, b, n, world, shape)
     fn()
-    ref_fn = _nccl_call(collective, b, n, world)
-    ref_fn()
+    ref = _reference(collective, b, n, world)
     try:
         iris.ccl.check_errors()  # synchronises; raises if a device wait gave up
     except iris.mem.DeviceWaitTimeout as e:
         return f"{what}: {e}"
-    ref_numel = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world, "all_to_all": n}
-    ref = b.nccl_inp[:n] if collective == "all_reduce" else b.nccl_out[: ref_numel[collective]]
-    err = (out.float() - ref.float()).abs().max().item()
-    tol = 0.1 if collective in ("all_reduce", "reduce_scatter") else 0.0
-    return None if err <= tol else f"{what}: max error {err}"
+    err = (out.float() - ref.float()).abs()
+    if collective not in ("all_reduce", "reduce_scatter"):
+        bad = err.max().item()  # moved, not computed: exact
+    elif _fp8(out.dtype):
+        # Rounded once from fp32 on both sides, so equal; one step of the format allowed
+        # where the two sums might round differently: 2**-3 of the value for e4m3, 2**-2 for
+        # e5m2, and the smallest normal step (2**-6 for e4m3) near zero.
+        bad = (err - ref.float().abs() / 4 - 2**-6).max().item()
+    else:
+        bad = err.max().item() - 0.1
+    return None if bad <= 0 else f"{what}: max error {err.max().item()}"
 
 
 def main() -> int:
@@ -279,6 +331,8 @@ def main() -> int:
                 )
             for name, error in errors.items():  # every rank's own reason (e.g. no fp16 symm_mem kernel)
                 print(f"rank {heap.rank}: {name} not timed: {error.splitlines()[0]}"[:400], flush=True)
+            if errors:  # kept with the results: a baseline missing from a row says why
+                row["not_timed"] = {k: e.splitlines()[0][:300] for k, e in errors.items()}
             iris.ccl.check_errors()  # a device wait that gave up while timed: stop, naming it
             _best_shapes(row, shapes)
             iris_times = [
@@ -347,24 +401,26 @@ def _bench_uneven(args, bufs: Buffers, world: int, dtype, sizes, rows: list, fai
                 return lambda: iris.ccl.all_to_all(out, inp, receives, sends, config=cfg)
 
             fns = {}
-            inp.normal_()
+            _fill_random(inp)
             ninp.copy_(inp)
-            dist.all_to_all_single(nout, ninp, receives, sends)
+            dist.all_to_all_single(_bytes(nout), _bytes(ninp), receives, sends)
             for variant in variants:
                 what = f"{UNEVEN}/{pattern}/{variant} {_size(nbytes)}"
                 out.zero_()
                 iris_call(variant)()
                 try:
                     iris.ccl.check_errors()  # synchronises; raises if a device wait gave up
-                    problem = None if torch.equal(out, nout) else f"{what}: differs from NCCL"
+                    same = torch.equal(_bytes(out), _bytes(nout))
+                    problem = None if same else f"{what}: differs from NCCL"
                 except iris.mem.DeviceWaitTimeout as e:
                     problem = f"{what}: {e}"
                 if any_rank([problem is not None])[0]:  # the same contenders everywhere
                     failures.append(problem or f"{what}: wrong on another rank")
                     continue
                 fns[f"iris_{variant}"] = iris_call(variant)
-            fns["nccl"] = lambda nout=nout, ninp=ninp, r=receives, s=sends: dist.all_to_all_single(
-                nout, ninp, r, s
+            nccl_out, nccl_inp = _bytes(nout), _bytes(ninp)
+            fns["nccl"] = lambda o=nccl_out, i=nccl_inp, r=receives, s=sends: dist.all_to_all_single(
+                o, i, r, s
             )
             errors: dict[str, str] = {}
             times = interleaved_us(
@@ -454,10 +510,12 @@ def _report(rows, failures, args, world) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "world_size": world,
+        "dtype": args.dtype,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         "iris_ccl": iris.ccl.__version__,
+        "command": command_line(),
     }
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "failures": failures}, f, indent=1)
@@ -474,10 +532,9 @@ def _report(rows, failures, args, world) -> None:
             t = r["times_us"]
             cells = " | ".join(f"{t[c]:.1f}" if c in t else "-" for c in cols)
             two = f"{t['symm_two_shot'] / r['iris_best_us']:.2f}" if "symm_two_shot" in t else "-"
-            print(
-                f"| {_size(r['bytes'])} | {cells} | {r['iris_best']} | {r['busbw_GBps']:.0f} | "
-                f"{t['nccl'] / r['iris_best_us']:.2f} | {two} |"
-            )
+            nccl = f"{t['nccl'] / r['iris_best_us']:.2f}" if "nccl" in t else "-"  # fp8: NCCL may have none
+            best = f"{r['iris_best']} | {r['busbw_GBps']:.0f}"
+            print(f"| {_size(r['bytes'])} | {cells} | {best} | {nccl} | {two} |")
     if failures:
         print("\nFAILED checks (not timed):\n  " + "\n  ".join(failures))
     try:

@@ -33,6 +33,9 @@ import triton.language as tl
 import iris.mem
 from iris.mem.triton import Context
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_timing import command_line  # noqa: E402 - benchmarks/bench_timing.py
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SIZES = [4 * KiB * 4**i for i in range(11) if 4 * KiB * 4**i <= GiB]  # 4 KiB .. 1 GiB
 OPS = ("load", "store", "get", "put", "copy")
@@ -313,6 +316,7 @@ def main() -> int:
             "cuda": torch.version.cuda,
             "iris_mem": iris.mem.__version__,
             "python": platform.python_version(),
+            "command": command_line(),
         }
         _report(rows, latency, meta, args.out)
     heap.close()

@@ -41,7 +41,9 @@ import iris.mem.triton as imt
 from iris.mem.triton import HEAP_BASES_OFFSET, Context
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_rma import _max_over_ranks, _median_time_us  # the same timing as the RMA benchmark
+from bench_timing import command_line  # benchmarks/bench_timing.py
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [16 * KiB, 256 * KiB, 4 * MiB, 64 * MiB]  # bytes per rank
@@ -146,6 +148,7 @@ def _report(rows, failures, args, world) -> None:
         "iris_mem": iris.mem.__version__,
         "block": BLOCK,
         "reps": args.reps,
+        "command": command_line(),
     }
     folder = os.path.dirname(args.out)
     if folder:

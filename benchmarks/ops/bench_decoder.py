@@ -58,7 +58,7 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "25_tp_decoder.py")
 sys.path.insert(0, os.path.dirname(HERE))
-from bench_timing import any_rank, start_together  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, command_line, start_together  # noqa: E402 - benchmarks/bench_timing.py
 
 FORMS = ("nccl", "iris", "fused", "nccl_sp", "iris_sp", "fused_sp", "local", "local_sp")
 MODES = ("eager", "compiled", "graphed")
@@ -263,6 +263,7 @@ def _report(rows, failures, args, world) -> None:
         "triton": triton.__version__,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "iris_ops": iris.ops.__version__,
+        "command": command_line(),
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:

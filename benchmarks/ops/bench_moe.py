@@ -19,6 +19,18 @@ rank. Contenders, per token count:
 * ``symm_mem``: torch symmetric memory's ``all_to_all_vdev`` (NVSHMEM) for the rows of the
   dispatch, where this torch and machine have it (reported as unavailable otherwise).
 
+``--dtype float8_e4m3fn`` (or ``float8_e5m2``): the tokens are quantized first, one fp32 scale
+per token and block of 128 channels (``amax / fp8 max``), and travel with their scales:
+``moe_dispatch(x, idx, experts, x_scales=scales)``; the identity expert dequantizes the
+received rows to bf16 for ``moe_combine`` (so the layer, and combine = layer - dispatch,
+include that elementwise step on both sides); the PyTorch path moves each row's fp8 bytes and
+its scales as one byte row. The same run also times the bf16 dispatch of the same tokens
+(``iris_bf16_dispatch_us``), for the fp8 / bf16 ratio at one number of tokens.
+
+On GPUs the copy engine moving dispatch's link bytes to the next rank (``peer_tensor(...).copy_``
+on a symmetric heap, one contiguous block) is timed beside it: ``copy_engine_GBps``, the
+rate dispatch is held against.
+
 Every contender's combined output is checked against ``sum_k w[t, k] * x[t]`` before it is
 timed. Times: median over ``--reps`` eager calls of device time (CUDA events; wall clock on
 the CPU), the ranks started together by a barrier before each call, maximum over ranks.
@@ -38,6 +50,19 @@ import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_timing import command_line  # noqa: E402 - benchmarks/bench_timing.py
+
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+#: Channels per fp8 scale (DeepSeek-V3's block size).
+SCALE_BLOCK = 128
 
 
 def _device() -> torch.device:
@@ -142,6 +167,39 @@ def timed(fn, reps: int, device) -> float:
     return t.item()
 
 
+def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [T, H] as fp8 with one fp32 scale per token and block of 128 channels:
+    ``(x8, scales)`` with ``x ~ x8 * scales`` blockwise, each block's largest at the format's max."""
+    t, h = x.shape
+    blocks = x.float().view(t, h // SCALE_BLOCK, SCALE_BLOCK)
+    scales = blocks.abs().amax(-1).clamp(min=1e-12) / torch.finfo(dtype).max
+    return (blocks / scales[..., None]).to(dtype).view(t, h), scales
+
+
+def dequantize(x8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp8 rows and their block scales back to bf16 (what an expert reads)."""
+    n, h = x8.shape
+    blocks = x8.float().view(n, h // SCALE_BLOCK, SCALE_BLOCK) * scales[:, :, None]
+    return blocks.view(n, h).to(torch.bfloat16)
+
+
+def copy_engine_us(nbytes: int, reps: int, device) -> float | None:
+    """Time of the copy engine moving ``nbytes`` to the next rank's symmetric heap (GPUs, at
+    least two ranks): the rate dispatch is held against. None elsewhere."""
+    import iris.mem
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if device.type != "cuda" or size < 2 or nbytes == 0:
+        return None
+    with iris.mem.init(2 * nbytes + (64 << 20)) as heap:
+        src, dst = heap.empty(nbytes, dtype=torch.uint8), heap.empty(nbytes, dtype=torch.uint8)
+        src.fill_(rank)
+        there = heap.peer_tensor(dst, (rank + 1) % size)
+        us = timed(lambda: there.copy_(src), reps, device)
+        heap.barrier()
+    return us
+
+
 def link_bytes(idx, experts: int, size: int, rank: int, row_bytes: int) -> int:
     """Bytes this rank's dispatch sends to other ranks: each token once per destination rank."""
     dest = idx // (experts // size)
@@ -155,23 +213,56 @@ def bench(tokens: int, args, device) -> dict:
     import iris.ops
 
     rank, size = dist.get_rank(), dist.get_world_size()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    x, idx, w = routing(tokens, args.experts, args.topk, args.hidden, dtype, device, 17 + rank)
+    dtype = DTYPES[args.dtype]
+    fp8 = dtype.itemsize == 1
+    # fp8: the tokens drawn in bf16, then quantized (the bf16 ones are dispatch's comparison)
+    x, idx, w = routing(
+        tokens, args.experts, args.topk, args.hidden, torch.bfloat16 if fp8 else dtype, device, 17 + rank
+    )
     cfg = iris.ops.MoEConfig(max_recv_rows=args.max_recv_rows) if args.max_recv_rows else None
-    want = (x.float()[:, None, :] * w[:, :, None]).sum(1)
-    tol = 0.02 * max(want.abs().max().item(), 1.0)
     row = {"tokens": tokens, "hidden": args.hidden, "experts": args.experts, "topk": args.topk, "world": size}
+    if fp8:
+        x16, (x, scales) = x, quantize(x, dtype)
+        width = args.hidden // SCALE_BLOCK
+        # the PyTorch path moves each token's fp8 bytes and its scales' bytes as one row
+        packed = torch.cat([x.view(torch.uint8), scales.view(torch.uint8)], dim=1)
+        want = (dequantize(x, scales).float()[:, None, :] * w[:, :, None]).sum(1)
 
-    def iris_dispatch():
-        return iris.ops.moe_dispatch(x, idx, args.experts, config=cfg)
+        def iris_dispatch():
+            return iris.ops.moe_dispatch(x, idx, args.experts, x_scales=scales, config=cfg)
 
-    def iris_layer():
-        d = iris_dispatch()
-        return iris.ops.moe_combine(d.tokens, d, w)
+        def iris_layer():
+            d = iris_dispatch()
+            return iris.ops.moe_combine(dequantize(d.tokens, d.scales), d, w)
 
-    def torch_layer():
-        got, state = torch_dispatch(x, idx, args.experts)
-        return torch_combine(got, state, w)
+        def torch_rows():
+            return torch_dispatch(packed, idx, args.experts)
+
+        def torch_layer():
+            got, state = torch_rows()
+            rows = dequantize(got[:, : args.hidden].view(dtype), got[:, args.hidden :].view(torch.float32))
+            return torch_combine(rows, state, w)
+
+        row_bytes = args.hidden + 4 * width
+    else:
+        want = (x.float()[:, None, :] * w[:, :, None]).sum(1)
+
+        def iris_dispatch():
+            return iris.ops.moe_dispatch(x, idx, args.experts, config=cfg)
+
+        def iris_layer():
+            d = iris_dispatch()
+            return iris.ops.moe_combine(d.tokens, d, w)
+
+        def torch_rows():
+            return torch_dispatch(x, idx, args.experts)
+
+        def torch_layer():
+            got, state = torch_rows()
+            return torch_combine(got, state, w)
+
+        row_bytes = args.hidden * x.element_size()
+    tol = 0.02 * max(want.abs().max().item(), 1.0)
 
     problems = []
     for name, fn in (("iris", iris_layer), ("torch", torch_layer)):
@@ -184,11 +275,17 @@ def bench(tokens: int, args, device) -> dict:
         return row
     row["iris_dispatch_us"] = timed(iris_dispatch, args.reps, device)
     row["iris_layer_us"] = timed(iris_layer, args.reps, device)
-    row["torch_dispatch_us"] = timed(lambda: torch_dispatch(x, idx, args.experts), args.reps, device)
+    row["torch_dispatch_us"] = timed(torch_rows, args.reps, device)
+    if fp8:  # the same tokens dispatched in bf16, in this run
+        row["iris_bf16_dispatch_us"] = timed(
+            lambda: iris.ops.moe_dispatch(x16, idx, args.experts), args.reps, device
+        )
     row["torch_layer_us"] = timed(torch_layer, args.reps, device)
     row["iris_combine_us"] = max(row["iris_layer_us"] - row["iris_dispatch_us"], 0.0)
     row["torch_combine_us"] = max(row["torch_layer_us"] - row["torch_dispatch_us"], 0.0)
-    make, why = symm_mem_dispatch(device) if not args.smoke else (None, "not tried in --smoke")
+    make, why = (
+        symm_mem_dispatch(device) if not (args.smoke or fp8) else (None, "not tried in --smoke or fp8")
+    )
     if make is not None:
         try:
             row["symm_mem_dispatch_us"] = timed(make(x, idx, args.experts), args.reps, device)
@@ -196,12 +293,14 @@ def bench(tokens: int, args, device) -> dict:
             row["symm_mem"] = f"failed: {type(e).__name__}: {e}"[:300]
     else:
         row["symm_mem"] = why
-    sent = torch.tensor(
-        [link_bytes(idx, args.experts, size, rank, args.hidden * x.element_size())], device=device
-    )
+    sent = torch.tensor([link_bytes(idx, args.experts, size, rank, row_bytes)], device=device)
     dist.all_reduce(sent, op=dist.ReduceOp.MAX)
     row["dispatch_link_bytes"] = int(sent.item())
     row["dispatch_link_GBps"] = row["dispatch_link_bytes"] / max(row["iris_dispatch_us"], 1e-3) / 1e3
+    ce = copy_engine_us(row["dispatch_link_bytes"], args.reps, device)
+    if ce is not None:
+        row["copy_engine_us"] = ce
+        row["copy_engine_GBps"] = row["dispatch_link_bytes"] / max(ce, 1e-3) / 1e3
     for part in ("dispatch", "combine", "layer"):
         row[f"torch_over_iris_{part}"] = row[f"torch_{part}_us"] / max(row[f"iris_{part}_us"], 1e-3)
     iris.ops.check_errors()
@@ -211,10 +310,12 @@ def bench(tokens: int, args, device) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", default="4096,128", help="comma-separated tokens per rank")
-    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument(
+        "--hidden", type=int, default=7168, help="channels per token (fp8: a multiple of 128)"
+    )
     parser.add_argument("--experts", type=int, default=256)
     parser.add_argument("--topk", type=int, default=8)
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--max-recv-rows", type=int, default=0, help="MoEConfig.max_recv_rows (0: default)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", default="", help="write the results to this JSON file")
@@ -222,6 +323,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.tokens, args.hidden, args.experts, args.topk, args.reps = "6,3", 40, 8, 2, 2
+        if DTYPES[args.dtype].itemsize == 1:
+            args.hidden = 2 * SCALE_BLOCK  # fp8 scales are per 128 channels
     return args
 
 
@@ -251,13 +354,32 @@ def main() -> int:
                 f" (x{r['torch_over_iris_dispatch']:.2f})  combine iris {r['iris_combine_us']:9.1f}"
                 f" torch {r['torch_combine_us']:9.1f} (x{r['torch_over_iris_combine']:.2f})"
                 f"  dispatch link {r['dispatch_link_GBps']:.1f} GB/s"
+                + (f" (copy engine {r['copy_engine_GBps']:.1f})" if "copy_engine_GBps" in r else "")
+                + (
+                    f"  bf16 dispatch {r['iris_bf16_dispatch_us']:.1f}"
+                    if "iris_bf16_dispatch_us" in r
+                    else ""
+                )
                 + (f"  symm_mem {r['symm_mem_dispatch_us']:.1f}" if "symm_mem_dispatch_us" in r else "")
             )
             if "symm_mem" in r:
                 print(f"         symm_mem: {r['symm_mem']}")
         if args.out:
+            meta = {
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                if device.type == "cuda"
+                else ["cpu"],
+                "world_size": dist.get_world_size(),
+                "dtype": args.dtype,
+                "torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+                "iris_ops": iris.ops.__version__,
+                "command": command_line(),
+            }
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:
-                json.dump({"args": vars(args), "results": rows}, f, indent=1)
+                json.dump({"meta": meta, "args": vars(args), "results": rows}, f, indent=1)
     dist.barrier()
     iris.ops.release_workspaces()
     dist.destroy_process_group()

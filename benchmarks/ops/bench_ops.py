@@ -32,6 +32,10 @@ timed in interleaved rounds (``benchmarks/bench_timing.py``), median over the ro
 rank, maximum over ranks. Prints a table with ratios; writes results.json (and PNGs with --plot).
 ``bound`` is (matmul + NCCL) / matmul: the most any fused op can gain over matmul + NCCL
 with a GEMM as fast as torch.matmul's and all of the communication hidden.
+``--dtype float8_e4m3fn`` (or ``float8_e5m2``) gives every op fp8 inputs, each quantized
+from N(0, 1) values with a per-tensor scale (``scale_a`` / ``scale_b``, as ``torch._scaled_mm``
+takes them) and a bf16 output; the baselines multiply with ``torch._scaled_mm`` and move the
+fp8 bytes (all_gather_matmul) or the bf16 products through NCCL; torch's fused ops are left out.
 ``--tune`` tries a few Configs per op and shape and prints the fastest (``--configs``: the
 given ones against the default instead). ``--smoke`` runs the
 whole script on the CPU backend (gloo, tiny shapes, wall-clock times) to check it without GPUs.
@@ -50,14 +54,20 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
 SHAPES = [(8192, 8192, 4096), (1024, 8192, 4096), (16384, 3584, 8192)]
 DECODE = [(m, 8192, 4096) for m in (1, 16, 64, 128)]
 QUICK = [(8192, 8192, 4096), (1024, 8192, 4096), (128, 8192, 4096)]
 SMOKE = [(64, 48, 40), (2, 40, 24)]
 OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_gather")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
 #: (block_m, block_n, block_k, num_warps, num_stages) candidates for --tune, besides the
 #: default: for prefill shapes (more than 128 rows of output tiles) and for decode shapes.
 PREFILL_TILES = [
@@ -107,10 +117,13 @@ class Bench:
     def __init__(self, dtype: torch.dtype):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.dtype = dtype
+        #: fp8 inputs (one byte, a float): scaled GEMMs with a bf16 output
+        self.fp8 = dtype.is_floating_point and dtype.itemsize == 1
+        self.out_dtype = torch.bfloat16 if self.fp8 else dtype
         singles = [dist.new_group([r]) for r in range(self.world)]  # collective: every rank makes all
         self.single = singles[self.rank]
         self.group_name = dist.group.WORLD.group_name
-        self.symm_ok = DEVICE == "cuda" and self._enable_symm()
+        self.symm_ok = DEVICE == "cuda" and not self.fp8 and self._enable_symm()
         self.heap = None
 
     def _enable_symm(self) -> bool:
@@ -146,65 +159,102 @@ class Bench:
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
 
-    def randn(self, *shape):
-        return torch.empty(shape, dtype=self.dtype, device=DEVICE).normal_()
+    def randn(self, *shape, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An input of fresh N(0, 1) values and its scale: None, or for fp8 the per-tensor
+        scale it was quantized with (``value = fp8 * scale``, the largest at the format's max;
+        ``shared``: one scale for every rank's part, as the shards of one gathered A have)."""
+        x = torch.empty(shape, dtype=torch.float32 if self.fp8 else self.dtype, device=DEVICE).normal_()
+        if not self.fp8:
+            return x, None
+        amax = x.abs().max().reshape(1)
+        if shared:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+        scale = amax / torch.finfo(self.dtype).max
+        return (x / scale).to(self.dtype), scale
 
-    def empty(self, *shape, heap=False):
+    def empty(self, *shape, heap=False, dtype=None):
+        dtype = dtype or self.out_dtype
         if heap:
-            return self.heap.empty(shape, dtype=self.dtype)
-        return torch.empty(shape, dtype=self.dtype, device=DEVICE)
+            return self.heap.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=DEVICE)
+
+    def matmul(self, b: torch.Tensor, sb):
+        """``mm(a, sa, out)``: torch.matmul, or for fp8 ``torch._scaled_mm`` (B column-major,
+        made once here, outside what is timed)."""
+        if not self.fp8:
+            return lambda a, sa, out: torch.matmul(a, b, out=out)
+        b_cols = b.t().contiguous().t()
+        return lambda a, sa, out: torch._scaled_mm(
+            a, b_cols, scale_a=sa, scale_b=sb, out_dtype=self.out_dtype, out=out
+        )
+
+    def scales(self, sa, sb) -> dict:
+        """The fp8 scales as iris.ops takes them (nothing for other dtypes)."""
+        return {"scale_a": sa, "scale_b": sb} if self.fp8 else {}
+
+    def gather(self, full: torch.Tensor, shard: torch.Tensor) -> None:
+        """NCCL's all-gather of ``shard`` into ``full`` (fp8 as its bytes)."""
+        if self.fp8:
+            full, shard = full.view(torch.uint8), shard.view(torch.uint8)
+        dist.all_gather_into_tensor(full, shard)
 
     def case(self, op: str, m: int, n: int, k: int) -> Case | None:
         """The callables of ``op`` at ``(M, N, K)`` (None when M is not divisible by the
         group size where the op needs it); outputs peers write are on the heap."""
         import iris.ops
 
-        g, mm, one = self.world, torch.matmul, self.single
+        g, one = self.world, self.single
         FUSED = iris.ops.Config(path="fused")  # noqa: N806
         if op == "matmul_all_reduce":
-            a, b = self.randn(m, k), self.randn(k, n)
+            (a, sa), (b, sb) = self.randn(m, k), self.randn(k, n)
+            mm, kw = self.matmul(b, sb), self.scales(sa, sb)
             out, ref, alone = self.empty(m, n, heap=True), self.empty(m, n), self.empty(m, n)
             return Case(
-                fused=lambda cfg: lambda: iris.ops.matmul_all_reduce(out, a, b, config=cfg), out=out,
-                nccl=lambda: (mm(a, b, out=ref), dist.all_reduce(ref)), ref=ref,
-                matmul=lambda: mm(a, b, out=ref),
-                alone=lambda: iris.ops.matmul_all_reduce(alone, a, b, group=one, config=FUSED),
+                fused=lambda cfg: lambda: iris.ops.matmul_all_reduce(out, a, b, config=cfg, **kw), out=out,
+                nccl=lambda: (mm(a, sa, ref), dist.all_reduce(ref)), ref=ref,
+                matmul=lambda: mm(a, sa, ref),
+                alone=lambda: iris.ops.matmul_all_reduce(alone, a, b, group=one, config=FUSED, **kw),
             )  # fmt: skip
         if m % g:
             return None
         if op == "all_gather_matmul":
-            shard, b = self.randn(m // g, k), self.randn(k, n)
-            out, ref, full = self.empty(m, n), self.empty(m, n), self.empty(m, k)
+            (shard, sa), (b, sb) = self.randn(m // g, k, shared=True), self.randn(k, n)
+            mm, kw = self.matmul(b, sb), self.scales(sa, sb)
+            out, ref, full = self.empty(m, n), self.empty(m, n), self.empty(m, k, dtype=self.dtype)
             symm = None
             if self.symm_ok:
                 fused_ag = torch.ops.symm_mem.fused_all_gather_matmul
                 symm = lambda: fused_ag(shard, [b], 0, self.group_name, return_A=False)  # noqa: E731
+            ag = iris.ops.all_gather_matmul
             return Case(
-                fused=lambda cfg: lambda: iris.ops.all_gather_matmul(out, shard, b, config=cfg), out=out,
-                nccl=lambda: (dist.all_gather_into_tensor(full, shard), mm(full, b, out=ref)), ref=ref,
-                matmul=lambda: mm(full, b, out=ref), symm=symm,
-                alone=lambda: iris.ops.all_gather_matmul(ref, full, b, group=one, config=FUSED),
+                fused=lambda cfg: lambda: ag(out, shard, b, config=cfg, **kw), out=out,
+                nccl=lambda: (self.gather(full, shard), mm(full, sa, ref)), ref=ref,
+                matmul=lambda: mm(full, sa, ref), symm=symm,
+                alone=lambda: iris.ops.all_gather_matmul(ref, full, b, group=one, config=FUSED, **kw),
             )  # fmt: skip
         if op == "matmul_reduce_scatter":
-            a, b = self.randn(m, k), self.randn(k, n)
+            (a, sa), (b, sb) = self.randn(m, k), self.randn(k, n)
+            mm, kw = self.matmul(b, sb), self.scales(sa, sb)
             out, ref, prod = self.empty(m // g, n), self.empty(m // g, n), self.empty(m, n)
             symm = None
             if self.symm_ok:
                 fused_rs = torch.ops.symm_mem.fused_matmul_reduce_scatter
                 symm = lambda: fused_rs(a, b, "sum", 0, self.group_name)  # noqa: E731
+            rs = iris.ops.matmul_reduce_scatter
             return Case(
-                fused=lambda cfg: lambda: iris.ops.matmul_reduce_scatter(out, a, b, config=cfg), out=out,
-                nccl=lambda: (mm(a, b, out=prod), dist.reduce_scatter_tensor(ref, prod)), ref=ref,
-                matmul=lambda: mm(a, b, out=prod), symm=symm,
-                alone=lambda: iris.ops.matmul_reduce_scatter(prod, a, b, group=one, config=FUSED),
+                fused=lambda cfg: lambda: rs(out, a, b, config=cfg, **kw), out=out,
+                nccl=lambda: (mm(a, sa, prod), dist.reduce_scatter_tensor(ref, prod)), ref=ref,
+                matmul=lambda: mm(a, sa, prod), symm=symm,
+                alone=lambda: iris.ops.matmul_reduce_scatter(prod, a, b, group=one, config=FUSED, **kw),
             )  # fmt: skip
-        a, b = self.randn(m // g, k), self.randn(k, n)
+        (a, sa), (b, sb) = self.randn(m // g, k), self.randn(k, n)
+        mm, kw = self.matmul(b, sb), self.scales(sa, sb)
         out, ref, prod = self.empty(m, n, heap=True), self.empty(m, n), self.empty(m // g, n)
         return Case(
-            fused=lambda cfg: lambda: iris.ops.matmul_all_gather(out, a, b, config=cfg), out=out,
-            nccl=lambda: (mm(a, b, out=prod), dist.all_gather_into_tensor(ref, prod)), ref=ref,
-            matmul=lambda: mm(a, b, out=prod),
-            alone=lambda: iris.ops.matmul_all_gather(prod, a, b, group=one, config=FUSED),
+            fused=lambda cfg: lambda: iris.ops.matmul_all_gather(out, a, b, config=cfg, **kw), out=out,
+            nccl=lambda: (mm(a, sa, prod), dist.all_gather_into_tensor(ref, prod)), ref=ref,
+            matmul=lambda: mm(a, sa, prod),
+            alone=lambda: iris.ops.matmul_all_gather(prod, a, b, group=one, config=FUSED, **kw),
         )  # fmt: skip
 
 
@@ -445,6 +495,7 @@ def _report(rows, failures, args, world) -> None:
         "triton": triton.__version__,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "iris_ops": iris.ops.__version__,
+        "command": command_line(),
     }
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "failures": failures}, f, indent=1)

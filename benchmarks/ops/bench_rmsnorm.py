@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 HIDDEN = (4096, 8192)
@@ -218,6 +218,7 @@ def _report(rows, failures, args, world: int) -> None:
         "triton": triton.__version__,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "iris_ops": iris.ops.__version__,
+        "command": command_line(),
     }
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "failures": failures}, f, indent=1)
