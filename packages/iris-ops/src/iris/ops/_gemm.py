@@ -154,8 +154,7 @@ def matmul_tile(
             acc, part = _k_step(
                 acc, part, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak,
                 stride_bk, stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
-                INTERPRETED,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED, True,
             )  # fmt: skip
             k += 1
     else:
@@ -163,8 +162,7 @@ def matmul_tile(
             acc, part = _k_step(
                 acc, part, a_ptrs, b_ptrs, a_desc, a_row, b_desc, b_row, b_col, k, k_len, stride_ak,
                 stride_bk, stream_src, stream_src_ld, stream_dst, stream_ld, stream_rows, stream_cols,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED,
-                INTERPRETED,
+                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED, False,
             )  # fmt: skip
     if STREAM:  # rows the K steps did not cover (only when K has fewer steps than planned)
         k = k_tiles

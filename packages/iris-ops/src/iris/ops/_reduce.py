@@ -45,37 +45,19 @@ trip to the peers or waiting out their start.
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import constexpr_function
 
 from iris.ccl.triton import Group
 from iris.mem.triton import Context, aggregate
 
 from . import _host
+from ._aggregates import Value, fields
 from ._gemm import add_bias, copy_tile, grouped_tile, matmul_tile, tile_offsets
 from ._sync import call_generation, finish_call, raise_exits, remote_tile, signal, wait, wait_exits
 from .config import Config
 
-#: Type of an aggregate field that holds a run-time value or, where a launch specialises it,
-#: a constexpr (a size or stride equal to 1) or a tensor descriptor in place of a pointer.
-_Value = tl.core.base_value
-
-
-def _fields(cls):
-    """Class decorator (under ``aggregate``): a constructor taking the fields in the order the
-    class declares them. Triton hands it constexprs unwrapped; those are stored as
-    ``tl.constexpr`` again, everything else as given."""
-    names = tuple(cls.__annotations__)
-
-    def init(self, *values):
-        for name, value in zip(names, values, strict=True):
-            setattr(self, name, value if isinstance(value, _Value) else tl.constexpr(value))
-
-    cls.__init__ = constexpr_function(init)
-    return cls
-
 
 @aggregate
-@_fields
+@fields
 class _Tile:
     """One output tile: ``j``, the chunk it lies in, and ``local``, its index in the chunk;
     the chunk's first row and column (``row_base``, ``col_base``) and valid extent
@@ -96,7 +78,7 @@ class _Tile:
 
 
 @aggregate
-@_fields
+@fields
 class _Tiles:
     """The output's chunks and tiles, and the ones the calling program visits.
 
@@ -107,17 +89,17 @@ class _Tiles:
     of the chunk-major list (its tiles ``k < count``); ``SPREAD``: in the "spread" order,
     odd programs walking them backwards."""
 
-    M: _Value
-    N: _Value
-    CM: _Value
-    CN: _Value
-    stride_om: _Value
-    stride_on: _Value
-    out_chunk_step: _Value
-    tiles_m: _Value
-    tiles_n: _Value
-    chunk_tiles: _Value
-    slot_elems: _Value
+    M: Value
+    N: Value
+    CM: Value
+    CN: Value
+    stride_om: Value
+    stride_on: Value
+    out_chunk_step: Value
+    tiles_m: Value
+    tiles_n: Value
+    chunk_tiles: Value
+    slot_elems: Value
     pid: tl.tensor
     programs: tl.tensor
     count: tl.tensor
@@ -170,7 +152,7 @@ class _Tiles:
 
 
 @aggregate
-@_fields
+@fields
 class _Copy:
     """A tile copy left for the program's next GEMM to stream (``STREAM``): the valid
     ``rows x cols`` of the ``BLOCK_M x BLOCK_N`` tile at ``src`` (row stride ``src_ld``) go to
@@ -185,7 +167,7 @@ class _Copy:
 
 
 @aggregate
-@_fields
+@fields
 class _Gemm:
     """The GEMM of one output tile: operands ``a`` and ``b`` (read through the tensor
     descriptors ``a_desc`` / ``b_desc`` with ``TMA_A`` / ``TMA_B``), the K extent and the
@@ -195,13 +177,13 @@ class _Gemm:
 
     a: tl.tensor
     b: tl.tensor
-    a_desc: _Value
-    b_desc: _Value
-    K: _Value
-    stride_am: _Value
-    stride_ak: _Value
-    stride_bk: _Value
-    stride_bn: _Value
+    a_desc: Value
+    b_desc: Value
+    K: Value
+    stride_am: Value
+    stride_ak: Value
+    stride_bk: Value
+    stride_bn: Value
     BLOCK_M: tl.constexpr
     BLOCK_N: tl.constexpr
     BLOCK_K: tl.constexpr
@@ -230,7 +212,7 @@ class _Gemm:
 
 
 @aggregate
-@_fields
+@fields
 class _Exchange:
     """What this rank exchanges with the group's members during the call: ``ctx``, ``group``
     and the call's generation ``gen``; the kernel's ``ready`` and ``exits`` flags, workspace
@@ -256,7 +238,7 @@ class _Exchange:
 
 
 @aggregate
-@_fields
+@fields
 class _Carry:
     """What a program carries from one tile to the next: ``job``, the :class:`_Copy` its next
     GEMM streams; ``flag`` (-1: none), the ``ready`` flag of the partial pushed last, to raise

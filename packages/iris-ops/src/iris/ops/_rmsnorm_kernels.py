@@ -63,6 +63,9 @@ _FLAG_PERIOD: tl.constexpr = tl.constexpr((1 << 31) - 1)
 @triton.jit
 def _this_launch(launches):
     """This launch's number (the same in every program) and its flag, 1 .. 2**31 - 1."""
+    # A plain load: the counter moves only at the end of a launch (by _LAUNCH_UNIT = 2**20),
+    # and every earlier launch on the stream has ended (under PDL, enter_launch has waited
+    # for it) before this one reads it.
     launch = tl.load(launches) >> 20
     return launch, (launch % _FLAG_PERIOD + 1).to(tl.int32)
 
@@ -80,7 +83,7 @@ def _await(ctx, group, flag, value, peer):
     """Spin (acquire, system scope) until the local ``flag`` holds ``value``; after
     ``group.budget`` ns record a timeout naming ``peer`` (who sets it) for the host; once a
     timeout is recorded, do not wait at all. Every thread reads after the wait."""
-    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")  # adding 0: an acquire read
     start = global_timer()
     budget = tl.where(tl.load(group.status, volatile=True) == 0, group.budget, 0)
     while (seen != value) & keep_waiting(start, budget, group.status, peer):
@@ -115,7 +118,7 @@ def _sum_chunk(
             box = peers + ((m - ME - 1 + GROUP) % GROUP) * peer_stride
             if POLL:
                 x = ll.unpack(ll.receive(ctx, group, box, lines, valid, flag, m), ELEM)
-            else:
+            else:  # a second pass: the first polled these lines until they carried the flag
                 x = ll.unpack(tl.load(box + lines, mask=valid, other=0, volatile=True), ELEM)
         else:
             x = tl.load(peers + m * peer_stride + offs, mask=mask, other=0)
@@ -208,7 +211,8 @@ def _push_piece(ctx, group, inp, stride_i, bank, box_stride, row_lines, row, pie
     dst = bank + row.to(tl.int64) * row_lines + lines
     for k in tl.static_range(1, GROUP):
         j = (ME + k) % GROUP
-        slot = (ME - j - 1 + GROUP) % GROUP
+        slot = (ME - j - 1 + GROUP) % GROUP  # member j keeps its GROUP - 1 peers' boxes in order
+        # No flag after the stores: every 8-byte line carries the launch's flag itself.
         ctx.store(dst + slot * box_stride, data, group.rank(j), mask=lines < row_lines, hint=16)
 
 
@@ -244,8 +248,8 @@ def _push_rows(ctx, group, inp, stride_i, bank, box_stride, row_lines, pid, prog
 
 @triton.jit
 def _ll_rmsnorm_kernel(
-    context, members, sync_flags, epochs, status, budget, launches,
-    inp, residual, weight, out, residual_out, boxes,
+    context, members, sync_flags, epochs, status, budget,  # the group's sync state (runtime.launch)
+    launches, inp, residual, weight, out, residual_out, boxes,
     T, H, eps, stride_i, stride_r, stride_o, stride_ro, row_lines, box_stride,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK: tl.constexpr, PIECE: tl.constexpr, SPREAD: tl.constexpr, SINGLE: tl.constexpr,
@@ -345,8 +349,8 @@ def _collect_rows(ctx, group, out, residual_out, gout, gres, ag_flags, flag, pid
 
 @triton.jit
 def _rs_rmsnorm_kernel(
-    context, members, sync_flags, epochs, status, budget, launches,
-    inp, residual, weight, out, residual_out, gout, gres, partials, rs_flags, ag_flags,
+    context, members, sync_flags, epochs, status, budget,  # the group's sync state (runtime.launch)
+    launches, inp, residual, weight, out, residual_out, gout, gres, partials, rs_flags, ag_flags,
     T, H, eps, share, part_stride, stride_i, stride_r, stride_o, stride_ro, stride_go, stride_gr,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK: tl.constexpr, SINGLE: tl.constexpr, HAS_RES: tl.constexpr, HAS_RES_OUT: tl.constexpr,

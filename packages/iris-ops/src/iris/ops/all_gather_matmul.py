@@ -25,8 +25,8 @@ the only barrier is the pushers' start barrier (a peer's workspace is free once 
 has entered the call).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: Triton checks the fields of an aggregate
+# (``_Operands``) against their annotations at run time, which must be types, not strings.
 import dataclasses
 
 import torch
@@ -36,9 +36,10 @@ import triton.language as tl
 import iris.mem
 from iris.ccl import Work
 from iris.ccl.triton import Group
-from iris.mem.triton import Context
+from iris.mem.triton import Context, aggregate
 
 from . import _composed, _host, _select
+from ._aggregates import Value, fields
 from ._gemm import add_bias, grouped_tile, matmul_tile, tile_offsets
 from ._sync import call_generation, claim_tile, finish_call, remote_tile, signal, signal_count, wait
 from .config import Config, select
@@ -99,18 +100,6 @@ def _push_combined(
 
 
 @triton.jit
-def _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks):
-    """Where member ``j``'s shard is read: ``a`` itself for this rank, else the workspace
-    slot, once the flag of row block ``pid_m`` shows this call's generation."""
-    if j == group.index:
-        src = a
-    else:
-        wait(ctx, group, ready + j * row_blocks + pid_m, gen, group.rank(j))
-        src = ws + tl.cast(j, tl.int64) * MS * KS
-    return src
-
-
-@triton.jit
 def _proxy_fence(TMA_A: tl.constexpr):
     """With ``TMA_A``: order the shard rows a wait has just acquired (stored by peers through
     ordinary stores) before this program's copy-engine reads of them (another memory proxy)."""
@@ -120,78 +109,110 @@ def _proxy_fence(TMA_A: tl.constexpr):
         )
 
 
+@aggregate
+@fields
+class _Operands:
+    """What the output tiles of a call read: this rank's shard ``a`` and the workspace's shard
+    slots ``ws`` (every shard ``MS x KS``, row-major; row block ``r`` of member ``j``'s shard
+    has arrived once ``ready[j, r]`` holds the call's generation ``gen``), ``b`` (strides
+    ``stride_bk``, ``stride_bn``) and the tensor descriptors of A and B (read through them
+    with ``TMA_A`` / ``TMA_B``); the output's ``N`` columns in ``tiles_n`` tiles, a shard's
+    ``row_blocks`` row blocks; the kernel's tile sizes, ``EVEN_K`` and ``INTERPRETED``."""
+
+    a: tl.tensor
+    ws: tl.tensor
+    ready: tl.tensor
+    gen: tl.tensor
+    b: tl.tensor
+    a_desc: Value
+    b_desc: Value
+    MS: Value
+    KS: Value
+    N: Value
+    stride_bk: Value
+    stride_bn: Value
+    row_blocks: Value
+    tiles_n: Value
+    BLOCK_M: tl.constexpr
+    BLOCK_N: tl.constexpr
+    BLOCK_K: tl.constexpr
+    GROUP_M: tl.constexpr
+    EVEN_K: tl.constexpr
+    TMA_A: tl.constexpr
+    TMA_B: tl.constexpr
+    INTERPRETED: tl.constexpr
+
+    @triton.jit
+    def source(self, ctx, group, j, pid_m):
+        """Where member ``j``'s shard is read: ``a`` itself for this rank, else the workspace
+        slot, once the flag of row block ``pid_m`` shows this call's generation."""
+        if j == group.index:
+            src = self.a
+        else:
+            wait(ctx, group, self.ready + j * self.row_blocks + pid_m, self.gen, group.rank(j))
+            src = self.ws + tl.cast(j, tl.int64) * self.MS * self.KS
+        return src
+
+    @triton.jit
+    def product(self, acc, src, b, row0, rows_valid, pid_n, a_row, b_row):
+        """``acc`` plus rows ``row0 ..`` of the shard matrix ``src`` (``rows_valid`` rows)
+        times columns ``pid_n * BLOCK_N ..`` of the ``KS`` rows of B at ``b``; through the
+        descriptors, A's rows start at ``a_row`` and B's at ``b_row``."""
+        col0 = pid_n * self.BLOCK_N
+        return matmul_tile(
+            acc, src, b, row0, rows_valid, col0, self.N, self.KS, self.KS, 1, self.stride_bk, self.stride_bn,
+            self.BLOCK_M, self.BLOCK_N, self.BLOCK_K, self.EVEN_K, self.a_desc, a_row, self.b_desc, b_row,
+            col0, self.TMA_A, self.TMA_B, INTERPRETED=self.INTERPRETED,
+        )  # fmt: skip
+
+
 @triton.jit
-def _combined_tile(
-    ctx, group, ws, b, ready, gen, pushers, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    TMA_A: tl.constexpr, TMA_B: tl.constexpr, GROUP: tl.constexpr, INTERPRETED: tl.constexpr,
-):  # fmt: skip
+def _combined_tile(ctx, group, ops, pushers, i, GROUP: tl.constexpr):
     """``COMBINED``: output tile ``i`` (of the one row block: the rows of every shard, in
     member order) once every member's whole shard is in ``ws``. Returns ``(acc, pid_m,
     pid_n, first output row, valid rows)``."""
     pid_m = i * 0
     pid_n = i
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((ops.BLOCK_M, ops.BLOCK_N), dtype=tl.float32)
     for j in tl.static_range(GROUP):
-        wait(ctx, group, ready + j, gen * pushers, group.rank(j))
-    _proxy_fence(TMA_A)
-    acc = matmul_tile(
-        acc, ws, b, 0, GROUP * MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, 0, b_desc, 0, pid_n * BLOCK_N, TMA_A, TMA_B,
-        INTERPRETED=INTERPRETED,
-    )  # fmt: skip
-    return acc, pid_m, pid_n, pid_m * 0, GROUP * MS
+        wait(ctx, group, ops.ready + j, ops.gen * pushers, group.rank(j))
+    _proxy_fence(ops.TMA_A)
+    acc = ops.product(acc, ops.ws, ops.b, 0, GROUP * ops.MS, pid_n, 0, 0)
+    return acc, pid_m, pid_n, pid_m * 0, GROUP * ops.MS
 
 
 @triton.jit
-def _k_sliced_tile(
-    ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn, row_blocks,
-    tiles_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
+def _k_sliced_tile(ctx, group, ops, i, GROUP: tl.constexpr, ME: tl.constexpr):
     """``GATHER_K``: output tile ``i``, the product of every member's K slice of A (this
     rank's first: it is there already) and the matching rows of ``b``, each slice once its
     row block has arrived. Returns ``(acc, pid_m, pid_n, first output row, valid rows)``."""
-    pid_m, pid_n = grouped_tile(i, row_blocks, tiles_n, GROUP_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    pid_m, pid_n = grouped_tile(i, ops.row_blocks, ops.tiles_n, ops.GROUP_M)
+    acc = tl.zeros((ops.BLOCK_M, ops.BLOCK_N), dtype=tl.float32)
     for s in range(GROUP):  # this rank's K slice first
         j = (ME + s) % GROUP
-        src = _shard_source(ctx, group, a, ws, ready, gen, j, pid_m, MS, KS, row_blocks)
-        _proxy_fence(TMA_A)
-        b_slice = b + tl.cast(j, tl.int64) * KS * stride_bk
-        acc = matmul_tile(
-            acc, src, b_slice, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS,
-            KS, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-            a_desc, j * MS + pid_m * BLOCK_M, b_desc, j * KS, pid_n * BLOCK_N, TMA_A, TMA_B,
-            INTERPRETED=INTERPRETED,
-        )  # fmt: skip
-    return acc, pid_m, pid_n, pid_m * 0, MS
+        src = ops.source(ctx, group, j, pid_m)
+        _proxy_fence(ops.TMA_A)
+        b_slice = ops.b + tl.cast(j, tl.int64) * ops.KS * ops.stride_bk
+        row0 = pid_m * ops.BLOCK_M
+        acc = ops.product(acc, src, b_slice, row0, ops.MS, pid_n, j * ops.MS + row0, j * ops.KS)
+    return acc, pid_m, pid_n, pid_m * 0, ops.MS
 
 
 @triton.jit
-def _m_sharded_tile(
-    ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn, row_blocks,
-    tiles_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
+def _m_sharded_tile(ctx, group, ops, i, GROUP: tl.constexpr, ME: tl.constexpr):
     """Along M: output tile ``i`` of the rows of member ``c``'s shard (tiles of this rank's
     own rows come first and need no wait), once its row block has arrived. Returns ``(acc,
     pid_m, pid_n, first output row, valid rows)``."""
-    chunk_tiles = row_blocks * tiles_n
+    chunk_tiles = ops.row_blocks * ops.tiles_n
     position = i // chunk_tiles  # this rank's rows first
     c = (ME + position) % GROUP
-    pid_m, pid_n = grouped_tile(i - position * chunk_tiles, row_blocks, tiles_n, GROUP_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    src = _shard_source(ctx, group, a, ws, ready, gen, c, pid_m, MS, KS, row_blocks)
-    _proxy_fence(TMA_A)
-    acc = matmul_tile(
-        acc, src, b, pid_m * BLOCK_M, MS, pid_n * BLOCK_N, N, KS, KS, 1, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, a_desc, c * MS + pid_m * BLOCK_M, b_desc, 0,
-        pid_n * BLOCK_N, TMA_A, TMA_B, INTERPRETED=INTERPRETED,
-    )  # fmt: skip
-    return acc, pid_m, pid_n, c * MS, MS
+    pid_m, pid_n = grouped_tile(i - position * chunk_tiles, ops.row_blocks, ops.tiles_n, ops.GROUP_M)
+    acc = tl.zeros((ops.BLOCK_M, ops.BLOCK_N), dtype=tl.float32)
+    src = ops.source(ctx, group, c, pid_m)
+    _proxy_fence(ops.TMA_A)
+    row0 = pid_m * ops.BLOCK_M
+    acc = ops.product(acc, src, ops.b, row0, ops.MS, pid_n, c * ops.MS + row0, 0)
+    return acc, pid_m, pid_n, c * ops.MS, ops.MS
 
 
 @triton.jit
@@ -250,25 +271,18 @@ def _all_gather_matmul_kernel(
         total = row_blocks * tiles_n
     else:
         total = GROUP * row_blocks * tiles_n
+    ops = _Operands(
+        a, ws, ready, gen, b, a_desc, b_desc, MS, KS, N, stride_bk, stride_bn, row_blocks, tiles_n, BLOCK_M,
+        BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA_A, TMA_B, INTERPRETED,
+    )  # fmt: skip
     i = claim_tile(state)
     while i < total:
         if COMBINED:
-            acc, pid_m, pid_n, out_row, rows_valid = _combined_tile(
-                ctx, group, ws, b, ready, gen, pushers, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, GROUP, INTERPRETED,
-            )  # fmt: skip
+            acc, pid_m, pid_n, out_row, rows_valid = _combined_tile(ctx, group, ops, pushers, i, GROUP)
         elif GATHER_K:
-            acc, pid_m, pid_n, out_row, rows_valid = _k_sliced_tile(
-                ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
-                row_blocks, tiles_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA_A, TMA_B, GROUP, ME,
-                INTERPRETED,
-            )  # fmt: skip
+            acc, pid_m, pid_n, out_row, rows_valid = _k_sliced_tile(ctx, group, ops, i, GROUP, ME)
         else:
-            acc, pid_m, pid_n, out_row, rows_valid = _m_sharded_tile(
-                ctx, group, a, ws, b, ready, gen, i, a_desc, b_desc, MS, N, KS, stride_bk, stride_bn,
-                row_blocks, tiles_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA_A, TMA_B, GROUP, ME,
-                INTERPRETED,
-            )  # fmt: skip
+            acc, pid_m, pid_n, out_row, rows_valid = _m_sharded_tile(ctx, group, ops, i, GROUP, ME)
         _store_tile(
             out, bias, acc, pid_m, pid_n, out_row, rows_valid, N, stride_om, stride_on, HAS_BIAS, BLOCK_M,
             BLOCK_N,
