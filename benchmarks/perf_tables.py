@@ -497,14 +497,15 @@ def _decoder_rows(datas: list[dict | None], modes: tuple[str, ...]) -> list[str]
 
 def render_decoder(datas: list[dict | None]) -> list[str]:
     """The page's table: the CUDA-graphed layer (the mode the targets are about), per token
-    count and model: NCCL's time, the best Iris form and NCCL's layout over it."""
+    count and model: the best Iris form, and the NCCL form of its layout (``nccl`` or
+    ``nccl_sp``) beside it."""
     models: dict[str, dict[tuple, dict[str, float]]] = {}
     for data in filter(None, datas):
         for r in data["rows"]:
             if r["mode"] == "graphed":
                 cases = models.setdefault(r["model"], {})
                 cases.setdefault((r["phase"], r["tokens"]), {})[r["form"]] = r["time_us"]
-    cols = [x for m in models for x in (f"{m} NCCL", f"{m} best Iris", "NCCL / best")]
+    cols = [x for m in models for x in (f"{m} NCCL (same layout)", f"{m} best Iris", "NCCL / best")]
     lines = header("phase", "tokens", *cols)
     for case in dict.fromkeys(c for cases in models.values() for c in cases):
         cells = []
@@ -513,7 +514,7 @@ def render_decoder(datas: list[dict | None]) -> list[str]:
             iris_forms = {f: t[f] for f in DECODER_FORMS if f in t and not f.startswith("nccl")}
             best = min(iris_forms, key=iris_forms.get) if iris_forms else None
             base = t.get("nccl_sp" if best and best.endswith("_sp") else "nccl")
-            cells += [num(t.get("nccl")), f"{iris_forms[best]:.1f} (`{best}`)" if best else "-"]
+            cells += [num(base), f"{iris_forms[best]:.1f} (`{best}`)" if best else "-"]
             cells.append(ratio(base, iris_forms[best]) if best else "-")
         lines.append(row(*case, *cells))
     return lines
@@ -555,6 +556,7 @@ DTYPES = tuple(
         f"ccl-{d}/results.json",
         f"{RUN2}/ccl/bench_ccl.py --dtype {d} --sizes 1MiB,256MiB {EQUAL_CCL}",
         d,
+        f"ccl-{d}",
     )
     for d in ("fp32", "fp16")
 )
@@ -602,7 +604,7 @@ BLOCKS: dict[str, Block] = {
         "ccl-bf16",
         plots=tuple((f"ccl-bf16/ccl_{c}.png", f"ccl_{c}.png") for c in EQUAL),
     ),
-    "ccl-dtypes": Block(DTYPES, render_ccl_dtypes, "ccl-fp32-fp16"),
+    "ccl-dtypes": Block(DTYPES, render_ccl_dtypes, "ccl-fp32"),
     "ccl-uneven": Block((UNEVEN_RUN,), render_uneven, "ccl-uneven"),
     "ops": Block(
         (OPS, OPS_FP8),
@@ -616,7 +618,7 @@ BLOCKS: dict[str, Block] = {
     "mem-tracing": Block((TRACING,), render_tracing, "mem-tracing"),
     # benchmarks/ccl/README.md: every variant
     "ccl-variants": Block((CCL,), render_ccl_variants, "ccl-bf16", CCL_README),
-    "ccl-dtypes-variants": Block(DTYPES, render_ccl_dtypes_variants, "ccl-fp32-fp16", CCL_README),
+    "ccl-dtypes-variants": Block(DTYPES, render_ccl_dtypes_variants, "ccl-fp32", CCL_README),
     "ccl-uneven-variants": Block((UNEVEN_RUN,), render_uneven_variants, "ccl-uneven", CCL_README),
     "ccl-fp8-variants": Block((CCL_FP8,), render_ccl_variants, "ccl-fp8", CCL_README),
     # benchmarks/ops/README.md: every form and mode
