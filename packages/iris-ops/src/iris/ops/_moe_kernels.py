@@ -93,37 +93,38 @@ def _count_experts(idx, t0, t1, K: tl.constexpr, E: tl.constexpr, EP: tl.constex
     """``(histogram, out of range, one of them)``: rows per expert (``EP`` counts, past ``E``
     zero) of the slots of tokens ``t0 .. t1`` (``idx``: ``K`` expert ids per token, -1 for
     none), the number of ids out of range (counted as none) and one of those ids."""
-    ar = tl.arange(0, EP)
-    h = tl.zeros([EP], tl.int32)
-    nbad = tl.zeros([], tl.int32)
-    badv = tl.zeros([], tl.int64)
+    experts = tl.arange(0, EP)
+    histogram = tl.zeros([EP], tl.int32)
+    bad_count = tl.zeros([], tl.int32)
+    bad_id = tl.zeros([], tl.int64)
     n = t0.to(tl.int64) * K
     end = t1.to(tl.int64) * K
     while n < end:
         offs = n + tl.arange(0, BLOCK_S)
         m = offs < end
         ids = tl.load(idx + offs, mask=m, other=-1).to(tl.int64)
-        wrong = m & ((ids < -1) | (ids >= E))
-        nw = tl.sum(wrong.to(tl.int32))
-        if nw > 0:  # keep the first block's largest wrong id (its smallest if none is larger)
-            badv = tl.where(nbad == 0, tl.max(tl.where(wrong, ids, _NONE_BELOW)), badv)
-            badv = tl.where(badv == _NONE_BELOW, tl.min(tl.where(wrong, ids, _NONE_ABOVE)), badv)
-            nbad += nw
-        e = tl.where(wrong, -1, ids).to(tl.int32)
-        h += tl.sum((e[:, None] == ar[None, :]).to(tl.int32), axis=0)
+        out_of_range = m & ((ids < -1) | (ids >= E))
+        n_out_of_range = tl.sum(out_of_range.to(tl.int32))
+        if n_out_of_range > 0:  # the first block's largest wrong id (its smallest if none is larger)
+            bad_id = tl.where(bad_count == 0, tl.max(tl.where(out_of_range, ids, _NONE_BELOW)), bad_id)
+            bad_id = tl.where(bad_id == _NONE_BELOW, tl.min(tl.where(out_of_range, ids, _NONE_ABOVE)), bad_id)
+            bad_count += n_out_of_range
+        expert = tl.where(out_of_range, -1, ids).to(tl.int32)
+        histogram += tl.sum((expert[:, None] == experts[None, :]).to(tl.int32), axis=0)
         n += BLOCK_S
-    return h, nbad, badv
+    return histogram, bad_count, bad_id
 
 
 @triton.jit
-def _rank_counts(ctx, group, hist, bad, ready, gen, pid, programs, h, nbad, badv, EP: tl.constexpr):
-    """Publish this program's histogram ``h`` and out-of-range ids to the rank's other
+def _rank_counts(ctx, group, hist, bad, ready, gen, pid, programs, histogram, bad_count, bad_id,
+                 EP: tl.constexpr):  # fmt: skip
+    """Publish this program's ``histogram`` and out-of-range ids to the rank's other
     programs, and sum theirs: ``(total, before, out of range, one of them)``, ``total`` the
     rank's histogram and ``before`` that of the programs before this one."""
-    ar = tl.arange(0, EP)
-    tl.store(hist + pid * EP + ar, h)
-    tl.store(bad + 2 * pid, nbad.to(tl.int64))
-    tl.store(bad + 2 * pid + 1, badv)
+    experts = tl.arange(0, EP)
+    tl.store(hist + pid * EP + experts, histogram)
+    tl.store(bad + 2 * pid, bad_count.to(tl.int64))
+    tl.store(bad + 2 * pid + 1, bad_id)
     # Every thread's stores first (CTA barrier), then the flag with release: the readers are
     # programs of this GPU, so GPU scope suffices.
     tl.debug_barrier()
@@ -135,163 +136,172 @@ def _rank_counts(ctx, group, hist, bad, ready, gen, pid, programs, h, nbad, badv
         if wait_at_least(ready + p, gen, group.budget, group.status) < gen:
             record_timeout(group.status, ctx.rank, ctx.rank, ready + p)
         # volatile: written by other programs while this one runs (ordered by the acquire wait)
-        hp = tl.load(hist + p * EP + ar, volatile=True)
-        total += hp
-        before += tl.where(p < pid, hp, 0)
-        pb = tl.load(bad + 2 * p, volatile=True)
-        pv = tl.load(bad + 2 * p + 1, volatile=True)
-        badv = tl.where((nbad == 0) & (pb > 0), pv, badv)
-        nbad += pb.to(tl.int32)
+        theirs = tl.load(hist + p * EP + experts, volatile=True)
+        total += theirs
+        before += tl.where(p < pid, theirs, 0)
+        their_bad_count = tl.load(bad + 2 * p, volatile=True)
+        their_bad_id = tl.load(bad + 2 * p + 1, volatile=True)
+        bad_id = tl.where((bad_count == 0) & (their_bad_count > 0), their_bad_id, bad_id)
+        bad_count += their_bad_count.to(tl.int32)
         p += 1
-    return total, before, nbad, badv
+    return total, before, bad_count, bad_id
 
 
 @triton.jit
-def _send_counts(ctx, group, bank, total, nbad, badv, T, gen, GROUP: tl.constexpr, ME: tl.constexpr,
+def _send_counts(ctx, group, bank, total, bad_count, bad_id, T, gen, GROUP: tl.constexpr, ME: tl.constexpr,
                  EP: tl.constexpr):  # fmt: skip
     """The rank's box (head: ids out of range, one of them in two halves, ``T``; then the
     ``EP`` counts ``total``) into slot ``ME`` of ``bank`` on every member, this one included,
     as flag-in-data lines carrying ``gen`` (no fence or flag: each line is its own flag)."""
-    ar = tl.arange(0, EP)
-    wh = tl.arange(0, _HEAD)
+    experts = tl.arange(0, EP)
+    head_words = tl.arange(0, _HEAD)
     BOX: tl.constexpr = _HEAD + EP
-    head = tl.where(wh == 0, nbad, tl.where(wh == 1, badv & 0xFFFFFFFF, tl.where(wh == 2, badv >> 32, 0)))
-    head = tl.where(wh == 3, T, head)
+    low, high = bad_id & 0xFFFFFFFF, bad_id >> 32
+    head = tl.where(
+        head_words == 0, bad_count, tl.where(head_words == 1, low, tl.where(head_words == 2, high, 0))
+    )
+    head = tl.where(head_words == 3, T, head)
     head_lines = ll.pack(head.to(tl.int32), gen)
     count_lines = ll.pack(total, gen)
     for j in tl.static_range(GROUP):
-        ctx.store(bank + ME * BOX + wh, head_lines, group.rank(j), hint=16)
-        ctx.store(bank + ME * BOX + _HEAD + ar, count_lines, group.rank(j), hint=16)
+        ctx.store(bank + ME * BOX + head_words, head_lines, group.rank(j), hint=16)
+        ctx.store(bank + ME * BOX + _HEAD + experts, count_lines, group.rank(j), hint=16)
 
 
 @triton.jit
 def _read_counts(ctx, group, bank, errors, gen, pid, capacity, K: tl.constexpr, E: tl.constexpr,
                  EP: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr):  # fmt: skip
-    """Every member's box of this call: ``(colsum, prev, over)``, the group's rows per
-    expert, those of the members before this one, and whether a member's own slots (its
-    tokens x ``K``, which come back to it in combine) exceed ``capacity``. Program 0 records
-    the first such member and every member's out-of-range id."""
-    ar = tl.arange(0, EP)
-    wh = tl.arange(0, _HEAD)
+    """Every member's box of this call: ``(group_counts, counts_before, over)``, the
+    group's rows per expert, those of the members before this one, and whether a member's
+    own slots (its tokens x ``K``, which come back to it in combine) exceed ``capacity``.
+    Program 0 records the first such member and every member's out-of-range id."""
+    experts = tl.arange(0, EP)
+    head_words = tl.arange(0, _HEAD)
     BOX: tl.constexpr = _HEAD + EP
-    colsum = tl.zeros([EP], tl.int32)
-    prev = tl.zeros([EP], tl.int32)
+    group_counts = tl.zeros([EP], tl.int32)
+    counts_before = tl.zeros([EP], tl.int32)
     over = tl.zeros([], tl.int32)
     for q in tl.static_range(GROUP):
-        c = ll.unpack(ll.receive(ctx, group, bank + q * BOX + _HEAD, ar, ar >= 0, gen, q), tl.int32)
-        colsum += c
+        box = bank + q * BOX
+        member_counts = ll.unpack(
+            ll.receive(ctx, group, box + _HEAD, experts, experts >= 0, gen, q), tl.int32
+        )
+        group_counts += member_counts
         if q < ME:
-            prev += c
-        hd = ll.unpack(ll.receive(ctx, group, bank + q * BOX, wh, wh < 4, gen, q), tl.int32)
-        if _pick(hd, wh, 3).to(tl.int64) * K > capacity:  # its slots come back to its buffer
+            counts_before += member_counts
+        head = ll.unpack(ll.receive(ctx, group, box, head_words, head_words < 4, gen, q), tl.int32)
+        if _pick(head, head_words, 3).to(tl.int64) * K > capacity:  # its slots come back to its buffer
             if over == 0:
                 if pid == 0:
-                    _record(errors, ERR_CAPACITY, q, _pick(hd, wh, 3).to(tl.int64) * K, capacity)
+                    _record(errors, ERR_CAPACITY, q, _pick(head, head_words, 3).to(tl.int64) * K, capacity)
             over = 1
         if pid == 0:
-            if _pick(hd, wh, 0) != 0:
-                value = (_pick(hd, wh, 1).to(tl.int64) & 0xFFFFFFFF) | (_pick(hd, wh, 2).to(tl.int64) << 32)
+            if _pick(head, head_words, 0) != 0:
+                low = _pick(head, head_words, 1).to(tl.int64) & 0xFFFFFFFF
+                value = low | (_pick(head, head_words, 2).to(tl.int64) << 32)
                 _record(errors, ERR_EXPERT_ID, q, value, E)
-    return colsum, prev, over
+    return group_counts, counts_before, over
 
 
 @triton.jit
-def _row_layout(counts, meta, errors, pid, colsum, prev, before, over, capacity, E: tl.constexpr,
-                EP: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr):  # fmt: skip
-    """From the group's rows per expert: ``(nxt, mine, over)``, the position in its rank's
-    output of this program's next row for each expert, the rows this rank receives, and
-    whether a member would receive more than ``capacity`` (program 0 records the first and
-    stores this rank's ``counts`` per local expert and ``meta``)."""
+def _row_layout(counts, meta, errors, pid, group_counts, counts_before, before, over, capacity,
+                E: tl.constexpr, EP: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr):  # fmt: skip
+    """From the group's rows per expert: ``(next_row, received, over)``, the position in
+    its rank's output of this program's next row for each expert, the rows this rank
+    receives, and whether a member would receive more than ``capacity`` (program 0 records
+    the first and stores this rank's ``counts`` per local expert and ``meta``)."""
     L: tl.constexpr = E // GROUP
-    ar = tl.arange(0, EP)
-    owner = ar // L
+    experts = tl.arange(0, EP)
+    owner = experts // L
     rank_start = tl.zeros([EP], tl.int32)
-    acc = tl.zeros([], tl.int32)
-    mine = tl.zeros([], tl.int32)
+    rows_so_far = tl.zeros([], tl.int32)
+    received = tl.zeros([], tl.int32)
     for r in tl.static_range(GROUP):
         in_r = owner == r
-        rows = tl.sum(tl.where(in_r, colsum, 0))
-        rank_start = tl.where(in_r, acc, rank_start)
-        acc += rows
+        rows = tl.sum(tl.where(in_r, group_counts, 0))
+        rank_start = tl.where(in_r, rows_so_far, rank_start)
+        rows_so_far += rows
         if rows > capacity:
             if over == 0:
                 if pid == 0:
                     _record(errors, ERR_CAPACITY, r, rows, capacity)
             over = 1
         if r == ME:
-            mine = rows
+            received = rows
     # An expert's rows start after the earlier experts of its rank; this program's after
     # those of the members before this one and of this rank's programs before it.
-    nxt = tl.cumsum(colsum, 0) - colsum - rank_start + prev + before
+    next_row = tl.cumsum(group_counts, 0) - group_counts - rank_start + counts_before + before
     if pid == 0:
-        local = (ar >= ME * L) & (ar < ME * L + L)
-        tl.store(counts + (ar - ME * L), colsum.to(tl.int64), mask=local)
-        tl.store(meta, mine.to(tl.int64))
+        local = (experts >= ME * L) & (experts < ME * L + L)
+        tl.store(counts + (experts - ME * L), group_counts.to(tl.int64), mask=local)
+        tl.store(meta, received.to(tl.int64))
         tl.store(meta + 1, over.to(tl.int64))
-    return nxt, mine, over
+    return next_row, received, over
 
 
 @triton.jit
-def _send_token(ctx, group, x, idx, positions, tokens, origin, source, nxt, t, over, H, stride_x,
+def _send_token(ctx, group, x, idx, positions, tokens, origin, source, next_row, t, over, H, stride_x,
                 E: tl.constexpr, K: tl.constexpr, EP: tl.constexpr, KP: tl.constexpr, GROUP: tl.constexpr,
                 ME: tl.constexpr, BLOCK_H: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
     """Token ``t``: the position of each slot in its expert's rank's output (``positions``),
     the token's row once into the output of every rank holding one of its experts (at the
-    first slot going there; ``origin`` of every slot names that row, ``source`` the slot),
-    unless ``over``. Returns ``nxt`` advanced past the token's rows."""
+    first slot going there, the carrier; ``origin`` of every slot names that row, ``source``
+    the slot), unless ``over``. Returns ``next_row`` advanced past the token's rows."""
     L: tl.constexpr = E // GROUP
-    ar = tl.arange(0, EP)
-    ak = tl.arange(0, KP)
+    experts = tl.arange(0, EP)
+    slots = tl.arange(0, KP)
     row = t.to(tl.int64)
-    ids = tl.load(idx + row * K + ak, mask=ak < K, other=-1).to(tl.int64)
+    ids = tl.load(idx + row * K + slots, mask=slots < K, other=-1).to(tl.int64)
     valid = (ids >= 0) & (ids < E)
-    e = tl.where(valid, ids, -1).to(tl.int32)
-    sel = e[:, None] == ar[None, :]
+    expert = tl.where(valid, ids, -1).to(tl.int32)
+    routed = expert[:, None] == experts[None, :]
     # Slots of one token with the same expert take consecutive rows, in slot order.
-    earlier = (e[:, None] == e[None, :]) & (ak[None, :] < ak[:, None]) & valid[None, :]
-    pos = tl.sum(tl.where(sel, nxt[None, :], 0), axis=1) + tl.sum(earlier.to(tl.int32), axis=1)
-    nxt += tl.sum(sel.to(tl.int32), axis=0)
-    rr = tl.where(valid, e // L, -1)
-    # The first slot of the token going to each slot's rank: the one whose row carries it.
-    same = (rr[:, None] == rr[None, :]) & (ak[None, :] <= ak[:, None]) & valid[None, :]
-    kstar = tl.min(tl.where(same, ak[None, :], KP), axis=1)
-    first = tl.sum(tl.where(ak[None, :] == kstar[:, None], pos[None, :], 0), axis=1)
-    lead = valid & (kstar == ak)
-    tl.store(positions + row * K + ak, tl.where(valid, pos, -1), mask=ak < K)
+    earlier = (expert[:, None] == expert[None, :]) & (slots[None, :] < slots[:, None]) & valid[None, :]
+    row_of_slot = tl.sum(tl.where(routed, next_row[None, :], 0), axis=1)
+    row_of_slot = row_of_slot + tl.sum(earlier.to(tl.int32), axis=1)
+    next_row += tl.sum(routed.to(tl.int32), axis=0)
+    dest = tl.where(valid, expert // L, -1)
+    # The carrier of each slot: the token's first slot going to the same rank, whose row
+    # crosses the link for both.
+    same = (dest[:, None] == dest[None, :]) & (slots[None, :] <= slots[:, None]) & valid[None, :]
+    carrier = tl.min(tl.where(same, slots[None, :], KP), axis=1)
+    carrier_row = tl.sum(tl.where(slots[None, :] == carrier[:, None], row_of_slot[None, :], 0), axis=1)
+    carries = valid & (carrier == slots)
+    tl.store(positions + row * K + slots, tl.where(valid, row_of_slot, -1), mask=slots < K)
     if over == 0:
         for k in tl.static_range(K):
-            if _pick(valid.to(tl.int32), ak, k) != 0:
-                to = group.rank(_pick(rr, ak, k))
-                ctx.store(origin + _pick(pos, ak, k), _pick(first, ak, k), to)
-                ctx.store(source + _pick(pos, ak, k), (row * K + k) | (ME << 32), to)
+            if _pick(valid.to(tl.int32), slots, k) != 0:
+                to = group.rank(_pick(dest, slots, k))
+                ctx.store(origin + _pick(row_of_slot, slots, k), _pick(carrier_row, slots, k), to)
+                ctx.store(source + _pick(row_of_slot, slots, k), (row * K + k) | (ME << 32), to)
         h0 = 0
         while h0 < H:
             offs = h0 + tl.arange(0, BLOCK_H)
             hm = offs < H
             xv = tl.load(x + row * stride_x + offs, mask=hm)
             for k in tl.static_range(K):
-                if _pick(lead.to(tl.int32), ak, k) != 0:
-                    dst = tokens + _pick(pos, ak, k).to(tl.int64) * H + offs
-                    ctx.store(dst, xv, group.rank(_pick(rr, ak, k)), mask=hm, hint=HINT)
+                if _pick(carries.to(tl.int32), slots, k) != 0:
+                    dst = tokens + _pick(row_of_slot, slots, k).to(tl.int64) * H + offs
+                    ctx.store(dst, xv, group.rank(_pick(dest, slots, k)), mask=hm, hint=HINT)
             h0 += BLOCK_H
-    return nxt
+    return next_row
 
 
 @triton.jit
-def _replicate_rows(tokens, origin, pid, programs, mine, H, BLOCK_H: tl.constexpr):
-    """Rows ``pid, pid + programs, ...`` of the ``mine`` received: a row whose ``origin``
+def _replicate_rows(tokens, origin, pid, programs, received, H, BLOCK_H: tl.constexpr):
+    """Rows ``pid, pid + programs, ...`` of the ``received`` rows: a row whose ``origin``
     names another row (a token routed to several experts of this rank crossed the link
     once) is copied from there."""
     i = pid
-    while i < mine:
+    while i < received:
         # volatile: stored by peers during this kernel (ordered by the counter waits)
-        o = tl.load(origin + i, volatile=True)
-        if o != i:
+        source_row = tl.load(origin + i, volatile=True)
+        if source_row != i:
             h0 = 0
             while h0 < H:
                 offs = h0 + tl.arange(0, BLOCK_H)
                 hm = offs < H
-                v = tl.load(tokens + o.to(tl.int64) * H + offs, mask=hm)
+                v = tl.load(tokens + source_row.to(tl.int64) * H + offs, mask=hm)
                 tl.store(tokens + i.to(tl.int64) * H + offs, v, mask=hm)
                 h0 += BLOCK_H
         i += programs
@@ -322,26 +332,28 @@ def _moe_dispatch_kernel(
     t0 = pid * per
     t1 = tl.minimum(T, t0 + per)
     # 1. This program's histogram, then the rank's (ids out of range count as none).
-    h, nbad, badv = _count_experts(idx, t0, t1, K, E, EP, BLOCK_S)
-    total, before, nbad, badv = _rank_counts(
-        ctx, group, hist, bad, ready, gen, pid, programs, h, nbad, badv, EP
+    histogram, bad_count, bad_id = _count_experts(idx, t0, t1, K, E, EP, BLOCK_S)
+    total, before, bad_count, bad_id = _rank_counts(
+        ctx, group, hist, bad, ready, gen, pid, programs, histogram, bad_count, bad_id, EP
     )
     # 2. The counts to every member: the bank of this call's parity (a member one call
     #    ahead writes the other bank).
     bank = boxes + (gen & 1).to(tl.int64) * GROUP * (_HEAD + EP)
     if pid == 0:
-        _send_counts(ctx, group, bank, total, nbad, badv, T, gen, GROUP, ME, EP)
+        _send_counts(ctx, group, bank, total, bad_count, bad_id, T, gen, GROUP, ME, EP)
     # 3. Every member's counts: the layout of every member's output.
-    colsum, prev, over = _read_counts(ctx, group, bank, errors, gen, pid, capacity, K, E, EP, GROUP, ME)
-    nxt, mine, over = _row_layout(
-        counts, meta, errors, pid, colsum, prev, before, over, capacity, E, EP, GROUP, ME
+    group_counts, counts_before, over = _read_counts(
+        ctx, group, bank, errors, gen, pid, capacity, K, E, EP, GROUP, ME
+    )
+    next_row, received, over = _row_layout(
+        counts, meta, errors, pid, group_counts, counts_before, before, over, capacity, E, EP, GROUP, ME
     )
     # 4. This program's tokens: each row once to every rank holding one of its experts.
     t = t0
     while t < t1:
-        nxt = _send_token(
-            ctx, group, x, idx, positions, tokens, origin, source, nxt, t, over, H, stride_x, E, K, EP, KP,
-            GROUP, ME, BLOCK_H, HINT,
+        next_row = _send_token(
+            ctx, group, x, idx, positions, tokens, origin, source, next_row, t, over, H, stride_x, E, K, EP,
+            KP, GROUP, ME, BLOCK_H, HINT,
         )  # fmt: skip
         t += 1
     # 5. Every member's rows have landed here (each program of each member counts once on
@@ -351,7 +363,7 @@ def _moe_dispatch_kernel(
     for q in tl.static_range(GROUP):
         wait(ctx, group, arrive + q, gen.to(tl.int64) * programs, group.rank(q))
     if over == 0:
-        _replicate_rows(tokens, origin, pid, programs, mine, H, BLOCK_H)
+        _replicate_rows(tokens, origin, pid, programs, received, H, BLOCK_H)
     finish_call(state, gen)
 
 
@@ -359,22 +371,22 @@ def _moe_dispatch_kernel(
 
 
 @triton.jit
-def _return_rows(ctx, group, expert_out, back, source, short, errors, gen, pid, programs, mine, over,
+def _return_rows(ctx, group, expert_out, back, source, short, errors, gen, pid, programs, received, over,
                  n_out, H, stride_e, GROUP: tl.constexpr, ME: tl.constexpr, BLOCK_H: tl.constexpr,
                  HINT: tl.constexpr):  # fmt: skip
     """Rows ``pid, pid + programs, ...`` of ``expert_out`` back to the rank and slot
     ``source[i]`` names (``rank << 32 | token * K + slot``), into its ``back`` buffer. With
-    fewer rows than received (``n_out < mine``), program 0 records the error and marks
+    fewer rows than received (``n_out < received``), program 0 records the error and marks
     ``short`` with ``gen`` on every peer (whose results then read rows never sent)."""
     if over == 0:
-        if (mine > n_out) & (pid == 0):
-            _record(errors, ERR_SHORT_OUTPUT, ME, mine, n_out)
+        if (received > n_out) & (pid == 0):
+            _record(errors, ERR_SHORT_OUTPUT, ME, received, n_out)
             for j in tl.static_range(GROUP):
                 if j != ME:
                     # relaxed: read after the counter waits, which order it
                     ctx.atomic_max(short + ME, gen, group.rank(j), sem="relaxed", scope="sys")
         i = pid.to(tl.int64)
-        while i < tl.minimum(mine, n_out):
+        while i < tl.minimum(received, n_out):
             src = tl.load(source + i)
             to = group.rank((src >> 32).to(tl.int32))
             dst = back + (src & 0xFFFFFFFF) * H
@@ -394,13 +406,13 @@ def _weighted_sum(idx, weights, y, back, pid, programs, over, T, H, stride_y, E:
                   K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     """Tokens ``pid, pid + programs, ...``: ``y[t] = sum_k weights[t, k] * back[t * K + k]``
     in fp32 over the slots with an expert (zeros where the dispatch moved no row: ``over``)."""
-    ak = tl.arange(0, KP)
+    slots = tl.arange(0, KP)
     t = pid
     while t < T:
         row = t.to(tl.int64)
-        ids = tl.load(idx + row * K + ak, mask=ak < K, other=-1).to(tl.int64)
+        ids = tl.load(idx + row * K + slots, mask=slots < K, other=-1).to(tl.int64)
         valid = ((ids >= 0) & (ids < E)).to(tl.int32)
-        w = tl.load(weights + row * K + ak, mask=ak < K, other=0).to(tl.float32)
+        w = tl.load(weights + row * K + slots, mask=slots < K, other=0).to(tl.float32)
         h0 = 0
         while h0 < H:
             offs = h0 + tl.arange(0, BLOCK_H)
@@ -408,9 +420,9 @@ def _weighted_sum(idx, weights, y, back, pid, programs, over, T, H, stride_y, E:
             acc = tl.zeros([BLOCK_H], tl.float32)
             if over == 0:
                 for k in tl.static_range(K):
-                    if _pick(valid, ak, k) != 0:
+                    if _pick(valid, slots, k) != 0:
                         v = tl.load(back + (row * K + k) * H + offs, mask=hm, other=0)
-                        acc += _pick(w, ak, k) * v.to(tl.float32)
+                        acc += _pick(w, slots, k) * v.to(tl.float32)
             tl.store(y + row * stride_y + offs, acc.to(y.dtype.element_ty), mask=hm)
             h0 += BLOCK_H
         t += programs
@@ -435,11 +447,11 @@ def _moe_combine_kernel(
     )
     gen = call_generation(state)
     programs = tl.num_programs(0)
-    mine = tl.load(meta)
+    received = tl.load(meta)
     over = tl.load(meta + 1)
     # 1. Every received row back to the slot it came from.
     _return_rows(
-        ctx, group, expert_out, back, source, short, errors, gen, pid, programs, mine, over, n_out, H,
+        ctx, group, expert_out, back, source, short, errors, gen, pid, programs, received, over, n_out, H,
         stride_e, GROUP, ME, BLOCK_H, HINT,
     )  # fmt: skip
     # Each program of each member counts once on every member after its stores (release).
