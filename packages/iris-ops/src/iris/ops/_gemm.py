@@ -70,7 +70,7 @@ def _slice(src, src_ld, dst, ld, k, rows_valid, cols_valid, R: tl.constexpr, BLO
     mask = (r < BLOCK_M)[:, None] & (r < rows_valid)[:, None] & (c < cols_valid)[None, :]
     s_ptrs = src + r.to(tl.int64)[:, None] * src_ld + c[None, :]
     d_ptrs = dst + r.to(tl.int64)[:, None] * ld + c[None, :]
-    if ALIGNED:
+    if ALIGNED:  # the destination (often a peer's, translated) loses its alignment otherwise
         d_ptrs = tl.max_contiguous(tl.multiple_of(d_ptrs, [1, 16]), [1, BLOCK_N])
     return s_ptrs, d_ptrs, mask
 
@@ -134,6 +134,8 @@ def matmul_tile(
     """
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
+    # Rows and columns past the edge read row/column 0: every load stays in bounds, so the K
+    # loop needs no mask there; the hints keep the loads vectorised despite the clamp.
     rows = tl.max_contiguous(tl.multiple_of(tl.where(rows < m_valid, rows, 0), BLOCK_M), BLOCK_M)
     cols = tl.max_contiguous(tl.multiple_of(tl.where(cols < n_valid, cols, 0), BLOCK_N), BLOCK_N)
     ks = tl.arange(0, BLOCK_K)

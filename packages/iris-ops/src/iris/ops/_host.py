@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import iris.mem
 from iris.ccl import Work
@@ -153,8 +154,6 @@ def tma_operand(t: torch.Tensor, block: tuple[int, int], use: bool):
         or block[1] * itemsize < 16
     ):
         return t, False
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     return TensorDescriptor.from_tensor(t, list(block)), True
 
 

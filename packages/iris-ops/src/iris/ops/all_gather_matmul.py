@@ -74,6 +74,8 @@ def _push_shard(
             origin, offs, mask = tile_offsets(rb * BLOCK_M, MS, kk, KS, KS, 1, BLOCK_M, PUSH_K)
             _send_block(ctx, group, a, ws, slot, origin, offs, mask, 1, ALIGNED)
             kk += PUSH_K
+        # One flag per row block and peer, raised with release after the block's stores
+        # (signal: CTA barrier, then a system-scope release): readers start on it at once.
         for i in tl.static_range(1, group.size):
             peer = group.rank((group.index + i) % group.size)
             signal(ctx, ready + group.index * row_blocks + rb, gen, peer)
@@ -95,6 +97,8 @@ def _push_combined(
         origin, offs, mask = tile_offsets(0, MS, kk, KS, KS, 1, PUSH_M, PUSH_K)
         _send_block(ctx, group, a, ws, slot, origin, offs, mask, 0, ALIGNED)
         kk += pushers * PUSH_K
+    # A count rather than the generation: several pushers share the flag, and each adds one
+    # once its column blocks are stored (release), so it reaches gen * pushers when complete.
     for i in tl.static_range(group.size):
         signal_count(ctx, ready + group.index, group.rank((group.index + i) % group.size))
 
