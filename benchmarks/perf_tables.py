@@ -215,14 +215,14 @@ def _by_key(data: dict | None) -> dict[tuple[str, int], dict]:
 
 
 def render_ccl(datas: list[dict | None]) -> list[str]:
-    """The page's table: per size, each collective's ``auto`` (what ``Config()`` runs) and its
-    ratios to NCCL (and torch symmetric memory's two_shot); with an fp8 run, fp8 beside bf16
+    """The page's table: per size, each collective's ``auto`` (what ``Config()`` runs), NCCL's
+    time and their ratio (and torch symmetric memory's two_shot's); with an fp8 run, fp8 beside bf16
     at the same number of elements (the fp8 row of half the bytes) and beside NCCL's fp8."""
     bf16, fp8 = datas
     rows, eight = _by_key(bf16), _by_key(fp8)
-    cols = ["all_reduce", "NCCL / Iris", "symm / Iris"]
+    cols = ["all_reduce", "NCCL", "NCCL / Iris", "symm / Iris"]
     for c in EQUAL[1:]:
-        cols += [c, "NCCL / Iris"]
+        cols += [c, "NCCL", "NCCL / Iris"]
     if fp8:
         cols += ["fp8 all_reduce NCCL / Iris", "fp8 all_gather bf16 / fp8", "fp8 all_to_all bf16 / fp8"]
     lines = header("size", *cols)
@@ -233,7 +233,7 @@ def render_ccl(datas: list[dict | None]) -> list[str]:
             r = rows.get((c, n))
             t = r["times_us"] if r else {}
             auto = t.get("iris_auto")
-            cells += [num(auto), ratio(t.get("nccl"), auto)]
+            cells += [num(auto), num(t.get("nccl")), ratio(t.get("nccl"), auto)]
             cells += [ratio(t.get("symm_two_shot"), auto)] if c == "all_reduce" else []
             if r and auto:
                 auto_ratios.append(t["nccl"] / auto)

@@ -196,7 +196,7 @@ def test_rendering_follows_the_results(tmp_path):
     _write(tmp_path, pt.CCL, data)
     new = pt.rewrite(pt.PAGE, text, root=tmp_path)
     assert new != text
-    assert "| 8 KiB | 4.4 | 2.18 |" in new  # the time and NCCL's 9.66 us over it
+    assert "| 8 KiB | 4.4 | 9.7 | 2.18 |" in new  # the time, NCCL's (9.66 us) and their ratio
     (tmp_path / pt.CCL.committed).unlink()  # no results: one pending line instead of the table
     pending = pt.rewrite(pt.PAGE, text, root=tmp_path)
     assert "Pending a run on 2 x H200: `benchmarks/ACCEPTANCE.md`, check `ccl-bf16`." in pending
