@@ -326,4 +326,4 @@ def _run_rs(args, out, residual_out, ranks, index, plan: _Plan, flags, eps, grou
     )  # fmt: skip
 
 
-__all__ = ["LL_MAX_BYTES", "AllReduceRMSNormConfig", "all_reduce_rmsnorm", "choose_form", "resolve"]
+__all__ = ["LL_MAX_BYTES", "all_reduce_rmsnorm", "choose_form", "resolve"]

@@ -459,7 +459,6 @@ def moe_combine(expert_out: torch.Tensor, d: MoEDispatch, topk_weights: torch.Te
 
 __all__ = [
     "MAX_EXPERTS",
-    "MoEConfig",
     "MoEDispatch",
     "check_errors",
     "moe_combine",
