@@ -32,6 +32,14 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+#: ``--dtype`` of the benchmarks: its names and torch dtypes (the fp8 formats under torch's names).
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
 #: The repository's root: scripts are named relative to it in the results.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

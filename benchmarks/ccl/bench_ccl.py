@@ -41,18 +41,11 @@ import iris.ccl
 import iris.mem
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import DTYPES, any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
 SIZES = sorted({8 * KiB * 4**i for i in range(9) if 8 * KiB * 4**i <= GiB} | {MiB, GiB})
-DTYPES = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
 #: Every variant of every collective iris.ccl has ("auto" picks one of them).
 IRIS_VARIANTS = {c: tuple(v for v in vs if v != "auto") for c, vs in iris.ccl.VARIANTS.items()}
 #: all_to_all with split sizes: its name here, its per-rank input sizes (64 KiB * 4**i up

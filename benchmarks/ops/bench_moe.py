@@ -52,15 +52,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import command_line  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import DTYPES, command_line  # noqa: E402 - benchmarks/bench_timing.py
 
-DTYPES = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
 #: Channels per fp8 scale (DeepSeek-V3's block size).
 SCALE_BLOCK = 128
 

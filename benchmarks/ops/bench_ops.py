@@ -54,20 +54,13 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import DTYPES, any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
 
 SHAPES = [(8192, 8192, 4096), (1024, 8192, 4096), (16384, 3584, 8192)]
 DECODE = [(m, 8192, 4096) for m in (1, 16, 64, 128)]
 QUICK = [(8192, 8192, 4096), (1024, 8192, 4096), (128, 8192, 4096)]
 SMOKE = [(64, 48, 40), (2, 40, 24)]
 OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_gather")
-DTYPES = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
 #: (block_m, block_n, block_k, num_warps, num_stages) candidates for --tune, besides the
 #: default: for prefill shapes (more than 128 rows of output tiles) and for decode shapes.
 PREFILL_TILES = [
