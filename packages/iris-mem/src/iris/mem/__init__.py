@@ -10,9 +10,17 @@ or no GPU visible) it turns on Triton's interpreter, unless ``TRITON_INTERPRET``
 
 from . import settings
 
-settings.configure_triton()
+# First of all: Triton fixes whether a kernel is interpreted when the kernel is defined, so
+# the choice must be made before anything (Iris's modules, then the caller's) defines one.
+_TURNED_INTERPRETER_ON = settings.configure_triton()
+
+from .triton._compat import interpret_triton_library  # noqa: E402
+
+if _TURNED_INTERPRETER_ON:
+    interpret_triton_library()  # triton may have been imported (compiled) before this
 
 from ._alloc import MemoryStats  # noqa: E402
+from ._registry import check_live, heap_of  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .errors import (  # noqa: E402
     AbortedError,
@@ -23,7 +31,7 @@ from .errors import (  # noqa: E402
     IrisError,
     UseAfterFreeError,
 )
-from .heap import SymmetricHeap, check_live, heap_of, init  # noqa: E402
+from .heap import SymmetricHeap, init  # noqa: E402
 from .machine import Capabilities, capabilities, capturing, default_device, synchronize  # noqa: E402
 from .nodes import NodeLayout, node_layout  # noqa: E402
 from .settings import debug as debug_enabled  # noqa: E402

@@ -11,6 +11,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
+#: Byte alignment of every allocation of the symmetric heap, and of the heap's size: 256
+#: bytes covers 16-byte vector accesses and whole 128-byte cache lines, so no two
+#: allocations share a line that one rank's atomics and another's stores would contend for.
+ALIGNMENT = 256
+
 
 @dataclasses.dataclass(frozen=True)
 class MemoryStats:

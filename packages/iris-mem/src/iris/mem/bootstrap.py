@@ -1,8 +1,10 @@
-"""Bring-up of torch.distributed and the communicator the heap uses on the host.
+"""Bring-up of torch.distributed and the host collectives Iris runs over it.
 
 The heap needs three host collectives: exchange small Python objects, barrier, and
 broadcast. They run over ``torch.distributed`` (gloo for the CPU backend, NCCL or gloo for
-CUDA) on the group the heap was created for.
+CUDA) on the group the heap was created for (:class:`Communicator`). :func:`exchange` is the
+checked form that every rank-comparing check of Iris uses, and :func:`group_ranks` the
+validation of a ``group`` argument; :mod:`iris.mem.runtime` re-exports both.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from . import settings
+from .errors import IrisError
 
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -30,8 +35,6 @@ def job_store():
     None when torch.distributed is not initialised or has none. For small records peers
     read on rare occasions (how a process ended, what a call signature stands for)."""
     try:
-        from torch.distributed import distributed_c10d
-
         if not dist.is_initialized():
             return None
         return distributed_c10d._get_default_store()
@@ -128,17 +131,6 @@ class Communicator:
         return self.global_ranks[rank]
 
 
-def node_group(group: dist.ProcessGroup | None, backend: str) -> dist.ProcessGroup | None:
-    """The group a heap for ``group`` spans: ``group`` itself when its ranks are on one node,
-    else the ranks of ``group`` on this process's node (a subgroup made once, by them)."""
-    from .nodes import node_layout, subgroup
-
-    layout = node_layout(group)
-    if not layout.multi_node:
-        return group
-    return subgroup(group, layout.local_ranks, "node", backend)
-
-
 def resolve_group(group: Any) -> dist.ProcessGroup | None:
     """Validate ``group``: a torch.distributed ProcessGroup this rank belongs to, or None."""
     if group is None:
@@ -152,3 +144,72 @@ def resolve_group(group: Any) -> dist.ProcessGroup | None:
     if dist.get_rank(group) < 0:
         raise ValueError("this process is not a member of the group passed to iris.mem.init()")
     return group
+
+
+def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
+    """Global ranks of ``group`` (None: the world), in group-rank order; a clear error when
+    torch.distributed is not initialised, this process is not a member, or ``group`` is not
+    a process group."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "Iris collectives and fused ops need torch.distributed: launch with torchrun, or call "
+            "torch.distributed.init_process_group() (or iris.mem.init()) first"
+        )
+    if group is None:
+        return list(range(dist.get_world_size()))
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this process is not a member of the group passed to the call")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
+    return list(dist.get_process_group_ranks(group))
+
+
+def group_index(group: dist.ProcessGroup | None) -> tuple[list[int], int]:
+    """``(global ranks of group, this process's index among them)``."""
+    ranks = group_ranks(group)
+    return ranks, ranks.index(dist.get_rank())
+
+
+#: Marks the payloads of :func:`exchange`, so a peer in another host collective is told apart.
+_EXCHANGE_TAG = "iris exchange"
+
+
+def exchange(
+    group: dist.ProcessGroup | None,
+    what: str,
+    payload: Any,
+    error: type[Exception] = IrisError,
+    names: Sequence[int] | None = None,
+) -> list[Any]:
+    """Every rank's ``payload`` for the host exchange ``what`` ("heap allocation", "iris.ccl
+    collective", ...) over ``group`` (None: the world), in group-rank order.
+
+    For checks that compare the ranks (debug mode, the making of shared state): a peer that
+    is at another exchange, or at another host collective of the group, is exactly what they
+    look for, so it is reported as such: ``error`` naming what each rank was doing, instead of
+    a comparison of unrelated values. A failure of the exchange itself (a peer exited, or a
+    collective of another kind garbled it) is re-raised as ``error`` with that explanation.
+
+    :param names: how to call the ranks in messages (default: their group ranks).
+    """
+    size = dist.get_world_size(group)
+    names = list(range(size)) if names is None else list(names)
+    gathered: list[Any] = [None] * size
+    try:
+        dist.all_gather_object(gathered, (_EXCHANGE_TAG, what, payload), group=group)
+    except Exception as e:  # noqa: BLE001 - whatever the transport or unpickling raised
+        raise error(
+            f"{what}: exchanging it with the other ranks failed ({type(e).__name__}: {e}); a rank has "
+            "exited, or is in another host collective of the group: every rank must make the same calls "
+            "in the same order"
+        ) from e
+    whats = [
+        g[1] if isinstance(g, tuple) and len(g) == 3 and g[0] == _EXCHANGE_TAG else None for g in gathered
+    ]
+    if any(w != what for w in whats):
+        table = ", ".join(f"rank {n}: {w or 'another host collective'}" for n, w in zip(names, whats))
+        raise error(
+            f"{what}: ranks are at different calls ({table}); every rank must make the same calls in the "
+            "same order"
+        )
+    return [g[2] for g in gathered]

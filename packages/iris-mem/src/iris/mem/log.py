@@ -20,6 +20,8 @@ import logging
 import sys
 from typing import TextIO
 
+import torch.distributed as dist
+
 from . import settings
 
 __all__ = ["configure", "get_logger", "rank_prefix"]
@@ -32,13 +34,8 @@ _handler: logging.Handler | None = None
 
 def rank_prefix() -> str:
     """``[rank/world]`` of this process (see the module docstring for the sources)."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return f"[{dist.get_rank()}/{dist.get_world_size()}]"
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    if dist.is_available() and dist.is_initialized():
+        return f"[{dist.get_rank()}/{dist.get_world_size()}]"
     rank, world = settings.launcher_rank()
     return f"[{rank}/{world}]"
 

@@ -7,6 +7,7 @@ iris.ccl and iris.ops never ask which backend or device type they run on: they a
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 
@@ -81,8 +82,6 @@ _NVML_MAX_LINKS = 18
 def _nvlink(props) -> bool | None:
     """Whether the GPU of ``props`` has an active NVLink, asked of NVML (the driver's
     library, through ctypes); None when NVML or the GPU's UUID is not available."""
-    import ctypes
-
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() != 0:

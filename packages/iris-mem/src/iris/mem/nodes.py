@@ -22,8 +22,10 @@ import weakref
 from collections.abc import Sequence
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from . import settings
+from .bootstrap import exchange, group_ranks, host_timeout
 from .errors import IrisError
 
 
@@ -115,8 +117,6 @@ def node_layout(group: dist.ProcessGroup | None = None) -> NodeLayout:
     and iris.ccl make it in their first call over a group); later calls return the kept
     layout.
     """
-    from .runtime import exchange, group_ranks
-
     ranks = group_ranks(group)  # validates group and that torch.distributed is up
     key = dist.group.WORLD if group is None else group
     layout = _LAYOUTS.get(key)
@@ -170,8 +170,6 @@ def subgroup(
 
 def _make_group(ranks: list[int], backend: str, name: str) -> dist.ProcessGroup:
     """A registered process group of ``ranks`` named ``name``, made by its members only."""
-    from torch.distributed import distributed_c10d as c10d
-
     default = c10d._get_default_group()
     try:
         helper = c10d._new_process_group_helper
@@ -188,7 +186,7 @@ def _make_group(ranks: list[int], backend: str, name: str) -> dist.ProcessGroup:
             dist.Backend(backend),
             store,
             name,
-            timeout=_timeout(),
+            timeout=host_timeout(),
             device_id=default.bound_device_id,
             group_desc=name,
         )
@@ -198,10 +196,13 @@ def _make_group(ranks: list[int], backend: str, name: str) -> dist.ProcessGroup:
     return group
 
 
-def _timeout():
-    from .bootstrap import host_timeout
+def node_group(group: dist.ProcessGroup | None, backend: str) -> dist.ProcessGroup | None:
+    """The group a heap for ``group`` spans: ``group`` itself when its ranks are on one node,
+    else the ranks of ``group`` on this process's node (a subgroup made once, by them)."""
+    layout = node_layout(group)
+    if not layout.multi_node:
+        return group
+    return subgroup(group, layout.local_ranks, "node", backend)
 
-    return host_timeout()
 
-
-__all__ = ["NodeLayout", "node_key", "node_layout", "subgroup"]
+__all__ = ["NodeLayout", "node_group", "node_key", "node_layout", "subgroup"]

@@ -17,20 +17,21 @@ group's size and this rank's index in it). ``iris.mem.triton.Group.initialize`` 
 from __future__ import annotations
 
 import threading
+import weakref
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from . import settings
-from .bootstrap import job_store
-from .errors import CallMismatchError, DeviceWaitTimeout, IrisError
-from .machine import Capabilities
+from ._alloc import ALIGNMENT
 
-if TYPE_CHECKING:
-    from .heap import SymmetricHeap
+# Host-group helpers that kernels' callers need beside the runtime; they live with the other
+# host collectives, and stay importable from here.
+from .bootstrap import exchange, group_index, group_ranks, job_store
+from .errors import AbortedError, CallMismatchError, DeviceWaitTimeout
+from .machine import Capabilities
 
 #: int64 status words of a sync state: ``[code, rank, peer, flag address]`` that a waiting
 #: kernel writes, then the mask of the heap ranks whose process has ended (the host sets it:
@@ -47,75 +48,6 @@ STATUS_MISMATCH = 3
 MAX_SLOTS = 8192
 
 
-def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
-    """Global ranks of ``group`` (None: the world), in group-rank order; a clear error when
-    torch.distributed is not initialised, this process is not a member, or ``group`` is not
-    a process group."""
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "Iris collectives and fused ops need torch.distributed: launch with torchrun, or call "
-            "torch.distributed.init_process_group() (or iris.mem.init()) first"
-        )
-    if group is None:
-        return list(range(dist.get_world_size()))
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("this process is not a member of the group passed to the call")
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {group!r}")
-    return list(dist.get_process_group_ranks(group))
-
-
-def group_index(group: dist.ProcessGroup | None) -> tuple[list[int], int]:
-    """``(global ranks of group, this process's index among them)``."""
-    ranks = group_ranks(group)
-    return ranks, ranks.index(dist.get_rank())
-
-
-#: Marks the payloads of :func:`exchange`, so a peer in another host collective is told apart.
-_EXCHANGE_TAG = "iris exchange"
-
-
-def exchange(
-    group: dist.ProcessGroup | None,
-    what: str,
-    payload: Any,
-    error: type[Exception] = IrisError,
-    names: Sequence[int] | None = None,
-) -> list[Any]:
-    """Every rank's ``payload`` for the host exchange ``what`` ("heap allocation", "iris.ccl
-    collective", ...) over ``group`` (None: the world), in group-rank order.
-
-    For checks that compare the ranks (debug mode, the making of shared state): a peer that
-    is at another exchange, or at another host collective of the group, is exactly what they
-    look for, so it is reported as such: ``error`` naming what each rank was doing, instead of
-    a comparison of unrelated values. A failure of the exchange itself (a peer exited, or a
-    collective of another kind garbled it) is re-raised as ``error`` with that explanation.
-
-    :param names: how to call the ranks in messages (default: their group ranks).
-    """
-    size = dist.get_world_size(group)
-    names = list(range(size)) if names is None else list(names)
-    gathered: list[Any] = [None] * size
-    try:
-        dist.all_gather_object(gathered, (_EXCHANGE_TAG, what, payload), group=group)
-    except Exception as e:  # noqa: BLE001 - whatever the transport or unpickling raised
-        raise error(
-            f"{what}: exchanging it with the other ranks failed ({type(e).__name__}: {e}); a rank has "
-            "exited, or is in another host collective of the group: every rank must make the same calls "
-            "in the same order"
-        ) from e
-    whats = [
-        g[1] if isinstance(g, tuple) and len(g) == 3 and g[0] == _EXCHANGE_TAG else None for g in gathered
-    ]
-    if any(w != what for w in whats):
-        table = ", ".join(f"rank {n}: {w or 'another host collective'}" for n, w in zip(names, whats))
-        raise error(
-            f"{what}: ranks are at different calls ({table}); every rank must make the same calls in the "
-            "same order"
-        )
-    return [g[2] for g in gathered]
-
-
 def _layout(members: int, slots: int) -> tuple[tuple[int, torch.dtype], ...]:
     """``(elements, dtype)`` of a state's arrays: member table, flags (per slot: a flag per
     member, then two call signatures per member), generations, status."""
@@ -130,7 +62,8 @@ def _layout(members: int, slots: int) -> tuple[tuple[int, torch.dtype], ...]:
 class SyncState:
     """Sync slots and status words of one group of ranks on one heap.
 
-    :param heap: the heap holding the state (every member's, at the same offsets).
+    :param heap: the :class:`~iris.mem.SymmetricHeap` holding the state (every member's, at
+        the same offsets).
     :param members: the members' ranks on ``heap`` (heap ranks, in group order; this rank
         among them).
     :param slots: sync slots, one per program of the largest launch.
@@ -140,7 +73,7 @@ class SyncState:
     Allocation is collective: every member makes the same states in the same order.
     """
 
-    def __init__(self, heap: SymmetricHeap, members: Sequence[int], slots: int, what: str, advice: str):
+    def __init__(self, heap, members: Sequence[int], slots: int, what: str, advice: str):
         if not 1 <= slots <= MAX_SLOTS:
             raise ValueError(f"slots must be in [1, {MAX_SLOTS}], got {slots}")
         self.heap = heap
@@ -153,17 +86,13 @@ class SyncState:
         made: list[torch.Tensor] = []
         try:
             for numel, dtype in _layout(self.size, slots):
-                made.append(heap._allocate((numel,), dtype, check=False).zero_())
+                made.append(heap._allocate((numel,), dtype, internal=True).zero_())
         except MemoryError:  # every rank fails at the same allocation: give back the others
-            heap._release_local([heap._records[t.data_ptr() - heap._base] for t in made])
+            heap._release_internal(made)
             raise
         self.member_table, self.flags, self.epochs, self.status = made
         self.member_table.copy_(torch.tensor(self.members, dtype=torch.int32))
-        heap._sync_states.add(self)  # stopped when the heap is aborted
-        if heap.aborted:
-            self.stop()
-        elif heap._ended:
-            self.mark_ended(heap._ended)
+        heap._stops.add(self)  # stopped when the heap is aborted, or a peer ends
 
     @staticmethod
     def heap_bytes(members: int, slots: int) -> int:
@@ -171,8 +100,6 @@ class SyncState:
         its member table, flags, generations and status words, each rounded up to the heap's
         alignment (256 bytes). A collective's communicator (8192 slots) over 2, 3, 4 or 8
         ranks takes 224.5, 320.5, 416.5 or 800.5 KiB; the heap's device barrier (1 slot) 1 KiB."""
-        from .heap import ALIGNMENT
-
         sizes = (numel * dtype.itemsize for numel, dtype in _layout(members, slots))
         return sum(-(-nbytes // ALIGNMENT) * ALIGNMENT for nbytes in sizes)
 
@@ -239,13 +166,13 @@ class SyncState:
             # whose waits were all met before the abort (a peer that failed after it) stands.
             if code != STATUS_ABORTED or any((rank, peer, address)):
                 self.status[1:4].zero_()
-                self.heap._raise_if_aborted()
+                self.heap._stops.raise_if_aborted()
             return
         if code == 0:
             return
         self.status[:4].zero_()
         if code == STATUS_TIMEOUT:
-            self.heap._raise_if_ended(peer)  # the wait was on a peer whose process has ended
+            self.heap._stops.raise_if_ended(peer)  # the wait was on a peer whose process has ended
         if code == STATUS_MISMATCH:
             self._raise_mismatch(rank, peer, address)
         if code != STATUS_TIMEOUT:
@@ -266,6 +193,64 @@ class SyncState:
             mine_text,
             theirs_text,
         )
+
+
+class WaitStops:
+    """What stops the device-side waits of the kernels over one heap's sync states, from any
+    thread and at once (running kernels poll their status words): an abort stops every wait
+    for good (:meth:`abort`); a peer whose program ended normally stops only the waits on
+    that peer (:meth:`peer_ended`), since it may have finished its part. Every heap has one
+    (``heap._stops``); each :class:`SyncState` adds itself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the watchdog's thread and the caller's may stop at once
+        self._states: weakref.WeakSet = weakref.WeakSet()
+        self.error: AbortedError | None = None  # the abort, once there was one
+        self.ended = 0  # mask of the heap ranks whose program ended normally
+        self._ended_errors: dict[int, AbortedError] = {}
+
+    def add(self, state: SyncState) -> None:
+        """Stop ``state``'s waits too: at once when the heap was aborted, and on the peers
+        that have ended so far."""
+        self._states.add(state)
+        if self.error is not None:
+            state.stop()
+        elif self.ended:
+            state.mark_ended(self.ended)
+
+    def abort(self, error: AbortedError) -> bool:
+        """Stop every wait, for good; ``error`` is what the heap raises from now on. False
+        when an earlier abort stands."""
+        with self._lock:
+            if self.error is not None:
+                return False
+            self.error = error  # before the waits stop: the host raises this, not a timeout
+        for state in list(self._states):
+            state.stop()
+        return True
+
+    def peer_ended(self, rank: int, error: AbortedError) -> bool:
+        """Stop the waits on heap rank ``rank``, whose program ended; a wait that was cut
+        short raises ``error``. False when the heap was aborted already."""
+        with self._lock:
+            if self.error is not None:
+                return False
+            self._ended_errors[rank] = error
+            self.ended |= 1 << rank
+            mask = self.ended
+        for state in list(self._states):
+            state.mark_ended(mask)
+        return True
+
+    def raise_if_aborted(self) -> None:
+        error = self.error
+        if error is not None:
+            raise AbortedError(str(error), error.rank, error.reason)
+
+    def raise_if_ended(self, rank: int) -> None:
+        error = self._ended_errors.get(rank)
+        if error is not None:
+            raise AbortedError(str(error), error.rank, error.reason)
 
 
 #: Signature -> description of the calls this process made (bounded: the oldest go first).

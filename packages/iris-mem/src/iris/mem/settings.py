@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import os
 
+import torch  # not triton: importing it must wait until the interpreter is decided
+
 BACKENDS = ("cpu", "cuda")
 DEFAULT_WAIT_TIMEOUT = 300.0
 _TRUE = {"1", "true", "yes", "on"}
@@ -75,11 +77,7 @@ def _flag(name: str) -> bool:
 
 
 def _cuda_visible() -> bool:
-    # Importing torch is cheap compared with CUDA initialisation; is_available() does not
-    # create a context.
-    import torch
-
-    return torch.cuda.is_available()
+    return torch.cuda.is_available()  # asks the driver; creates no CUDA context
 
 
 def requested_backend() -> str | None:
@@ -178,40 +176,12 @@ def wait_budget_ns() -> int:
     return max(1, round(min(wait_timeout(), 4e9) * 1e9))
 
 
-def configure_triton() -> None:
-    """Turn on Triton's interpreter when the backend from the environment is ``cpu``."""
+def configure_triton() -> bool:
+    """Turn on Triton's interpreter when the backend from the environment is ``cpu`` and the
+    caller has not chosen (``TRITON_INTERPRET`` unset). Returns whether it turned it on: then
+    Triton's own library functions, if triton was imported already, must be swapped for
+    interpreted ones (:func:`iris.mem.triton._compat.interpret_triton_library`)."""
     if "TRITON_INTERPRET" not in os.environ and default_backend() == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-        _interpret_triton_library()
-
-
-def _interpret_triton_library() -> None:
-    """Re-decorate Triton's own ``@triton.jit`` library functions for the interpreter.
-
-    ``tl.zeros``, ``tl.sum``, ``tl.ravel``... are decorated when ``triton.language`` is
-    imported. A program that imported triton before iris.mem turned the interpreter on has
-    them compiled for GPUs, and interpreted kernels fail inside them. Swap each for the
-    interpreted function that decorating it now would have produced.
-    """
-    import sys
-
-    if "triton.language" not in sys.modules:
-        return
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    swapped: dict[int, object] = {}
-    for name, module in list(sys.modules.items()):
-        if not (name == "triton.language" or name.startswith("triton.language.")) or module is None:
-            continue
-        for attr, value in list(vars(module).items()):
-            if type(value) is JITFunction:
-                if id(value) not in swapped:
-                    swapped[id(value)] = InterpretedFunction(value.fn, **_jit_kwargs(value))
-                setattr(module, attr, swapped[id(value)])
-
-
-def _jit_kwargs(fn) -> dict:
-    """The decoration options of a JITFunction that InterpretedFunction also takes."""
-    keys = ("version", "do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline", "repr")
-    return {k: getattr(fn, k) for k in keys if hasattr(fn, k)}
+        return True
+    return False

@@ -14,6 +14,7 @@ size, the deadline and the seconds taken), which ``.ci/check_deadlines.py`` comp
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import multiprocessing
 import os
@@ -30,7 +31,26 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from .watchdog import CLEAN_END, describe_exception, report_exit
+
 _PRELOAD = ["torch", "triton", "triton.language"]
+
+#: What a rank's process runs first, as source for the built-in ``exec`` (which the process
+#: finds without importing anything). A rank's environment must be in place before any
+#: module of Iris is imported, since some read variables at import (``IRIS_DEBUG`` decides
+#: whether kernels carry bounds checks), and a function of this module as the process's
+#: target would import the whole ``iris.mem`` package first. ``SYS_PATH``: the launcher's
+#: ``sys.path``, so that the function is unpickled by reference like in the launcher.
+_RANK_ENTRY = """
+import os, sys
+sys.path[:] = SYS_PATH + [p for p in sys.path if p not in SYS_PATH]
+os.environ.update(ENV)
+from iris.mem.testing import _run_rank
+_run_rank(*ARGS)
+"""
 
 
 @dataclasses.dataclass
@@ -74,29 +94,14 @@ def record_duration(
         f.write(line + "\n")
 
 
-def _worker(
-    payload: bytes,
-    rank: int,
-    world_size: int,
-    store: str,
-    result_path: str,
-    env: Mapping[str, str],
-    timeout_s: float,
-    sys_path: list[str],
+def _run_rank(
+    payload: bytes, rank: int, world_size: int, store: str, result_path: str, timeout_s: float
 ) -> None:
-    # The function is unpickled by reference: make the launcher's modules importable,
-    # and set the environment first, since modules read some variables at import.
-    sys.path[:] = sys_path + [p for p in sys.path if p not in sys_path]
-    os.environ.update(env)
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
+    """The life of one rank of a world (started by :data:`_RANK_ENTRY`): join the world, run
+    the function, write what it returned or raised to ``result_path``, exit."""
     code = 1
     outcome: dict[str, Any]
     try:
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
         torch.set_num_threads(1)
         fn, args, kwargs, backend = pickle.loads(payload)
         dist.init_process_group(
@@ -113,12 +118,8 @@ def _worker(
             try:
                 value = fn(rank, world_size, *args, **kwargs)
             except BaseException as e:  # tell the peers' watchdogs, as an uncaught exception would
-                from .watchdog import describe_exception, report_exit
-
                 report_exit(describe_exception(e))
                 raise
-            from .watchdog import CLEAN_END, report_exit
-
             report_exit(CLEAN_END)  # as the end of a Python program would (os._exit skips atexit)
             # The rank's queued GPU work is part of its result: os._exit below would kill
             # kernels still in flight (a send whose receiver has not caught up yet).
@@ -178,11 +179,18 @@ def launch_world(
     try:
         for rank in range(world_size):
             path = os.path.join(folder, f"rank{rank}.pkl")
-            p = ctx.Process(
-                target=_worker,
-                args=(payload, rank, world_size, store, path, rank_env, timeout, list(sys.path)),
-                name=f"iris-rank{rank}",
-            )
+            env_of_rank = {
+                **rank_env,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+            }
+            entry = {
+                "SYS_PATH": list(sys.path),
+                "ENV": env_of_rank,
+                "ARGS": (payload, rank, world_size, store, path, timeout),
+            }
+            p = ctx.Process(target=exec, args=(_RANK_ENTRY, entry), name=f"iris-rank{rank}")
             p.start()
             procs.append(p)
         deadline = time.monotonic() + timeout

@@ -1,4 +1,4 @@
-"""Draw an exported trace as a PNG timeline with matplotlib.
+"""Read exported traces (:func:`load_trace`) and draw them as a PNG timeline with matplotlib.
 
 Ranks are rows, separated by a gap; inside a rank, every program (Triton block) that
 recorded an event is one lane. RMA operations are bars coloured by kind; user regions
@@ -9,15 +9,15 @@ Events opened but never closed are drawn as ticks. Command line:
 
 from __future__ import annotations
 
+import json
 import os
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from .trace_format import RMA_EVENT_LIMIT, TraceEvent
-from .tracing import load_trace
 
-__all__ = ["render"]
+__all__ = ["load_trace", "render"]
 
 #: Legend order: RMA operations by code, then user regions by name.
 _RMA_ORDER = {e.name.lower(): int(e) for e in TraceEvent if e < RMA_EVENT_LIMIT}
@@ -25,15 +25,33 @@ _RMA_ORDER = {e.name.lower(): int(e) for e in TraceEvent if e < RMA_EVENT_LIMIT}
 _MAX_LABELLED_LANES = 24
 
 
+def load_trace(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[str, Any]:
+    """Read one or more exported trace files into one trace dict (events concatenated,
+    ``otherData["ranks"]`` combined)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    merged: dict[str, Any] = {"traceEvents": [], "otherData": {"ranks": []}}
+    for path in paths:
+        with open(path) as f:
+            trace = json.load(f)
+        if not isinstance(trace, dict) or "traceEvents" not in trace:
+            raise ValueError(f"{os.fspath(path)} is not a Chrome trace-event JSON object (no traceEvents)")
+        merged["traceEvents"].extend(trace["traceEvents"])
+        merged["otherData"]["ranks"].extend(trace.get("otherData", {}).get("ranks", []))
+    return merged
+
+
 def _pyplot():
+    """matplotlib's pyplot on the Agg (file-only) backend, imported on first use: matplotlib
+    is an optional dependency (``pip install iris-mem[trace]``)."""
     try:
-        import matplotlib
+        import matplotlib  # optional: matplotlib
     except ImportError:
         raise ImportError(
             "rendering a trace needs matplotlib: pip install matplotlib (or iris-mem[trace])"
         ) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # draw into files: no display needed, and none is opened
+    import matplotlib.pyplot as plt  # optional: matplotlib (after use(): pyplot reads it at import)
 
     return plt
 

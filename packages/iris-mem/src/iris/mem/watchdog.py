@@ -37,13 +37,9 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from . import _process, settings
 from .bootstrap import job_store
-
-if TYPE_CHECKING:
-    from .heap import SymmetricHeap
 
 _log = logging.getLogger("iris.mem.watchdog")
 
@@ -75,10 +71,11 @@ def identity() -> tuple[str, str | None, int, int | None]:
     return _process.identity()
 
 
-def watch(heap: SymmetricHeap, identities: list[tuple]) -> None:
-    """Watch the processes of ``heap``'s peers (``identities[r]``: :func:`identity` of heap
-    rank ``r``) that run on this host and pid namespace, until the heap is closed or
-    aborted. Also makes this process report how it ends."""
+def watch(heap, identities: list[tuple]) -> None:
+    """Watch the processes of the peers of ``heap`` (a :class:`~iris.mem.SymmetricHeap`;
+    ``identities[r]``: :func:`identity` of heap rank ``r``) that run on this host and pid
+    namespace, until the heap is closed or aborted. Also makes this process report how it
+    ends."""
     _install_reports()
     if not settings.watchdog():
         return
@@ -134,7 +131,7 @@ def _run(interval: float) -> None:
                 return
 
 
-def _report(heap: SymmetricHeap, gone: list[Peer]) -> None:
+def _report(heap, gone: list[Peer]) -> None:
     """Stop ``heap`` for the peers that exited: a failed one first (it aborts the heap)."""
     ended = []
     for peer in gone:

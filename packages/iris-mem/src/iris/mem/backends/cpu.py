@@ -22,11 +22,13 @@ import secrets
 
 import numpy as np
 import torch
+import triton.language.standard as triton_standard
+from triton.runtime.jit import JITFunction
 
 from .._process import exited, pid_namespace
 from ..bootstrap import Communicator
 from ..settings import interpreted
-from . import Backend
+from .base import Backend
 
 try:  # CPython's own binding of shm_open/shm_unlink (what multiprocessing uses).
     import _posixshmem
@@ -94,10 +96,7 @@ def _check_triton_is_interpreted() -> None:
     """Triton's own library functions (``tl.zeros``, ``tl.sum``...) are decorated when
     ``triton.language`` is first imported; if that happened before ``TRITON_INTERPRET`` was
     set, kernels in the interpreter fail inside them with an obscure message."""
-    import triton.language.standard as standard
-    from triton.runtime.jit import JITFunction
-
-    if isinstance(standard.zeros, JITFunction):
+    if isinstance(triton_standard.zeros, JITFunction):
         raise RuntimeError(
             "triton was imported before Triton's interpreter was turned on, so its library "
             "functions are compiled for GPUs and cannot run on the cpu backend. Import iris.mem before "

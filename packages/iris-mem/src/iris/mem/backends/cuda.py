@@ -23,7 +23,7 @@ import torch
 from .. import settings
 from ..bootstrap import Communicator
 from ..log import get_logger
-from . import Backend
+from .base import Backend
 
 _log = get_logger(__name__)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 from triton.language.core import _aggregate
-from triton.runtime.jit import constexpr_function
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITCallable, JITFunction, constexpr_function
 
-__all__ = ["aggregate", "constexpr_function", "jit_methods_of"]
+__all__ = ["aggregate", "constexpr_function", "interpret_triton_library", "jit_methods_of"]
 
 
 class _BoundInterpreted:
@@ -29,10 +31,6 @@ def aggregate(cls):
     objects, which it skips. Attach those here, bound like ordinary methods.
     """
     out = _aggregate(cls)
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover - Triton without an interpreter
-        return out
     for name, member in vars(cls).items():
         if isinstance(member, staticmethod) and isinstance(member.__func__, InterpretedFunction):
             setattr(out, name, member)
@@ -49,12 +47,6 @@ def jit_methods_of(source, exclude=("initialize",)):
     so the Gluon aggregates of :mod:`iris.mem.gluon` share the Triton ones' methods this
     way instead of copying them; methods added to ``source`` later are shared too.
     """
-    from triton.runtime.jit import JITCallable
-
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover - Triton without an interpreter
-        InterpretedFunction = JITCallable  # noqa: N806
 
     def decorate(cls):
         for name in dir(source):
@@ -68,3 +60,29 @@ def jit_methods_of(source, exclude=("initialize",)):
         return cls
 
     return decorate
+
+
+def interpret_triton_library() -> None:
+    """Re-decorate Triton's own ``@triton.jit`` library functions for the interpreter.
+
+    ``tl.zeros``, ``tl.sum``, ``tl.ravel``... are decorated when ``triton.language`` is
+    imported. A program that imported triton before iris.mem turned the interpreter on has
+    them compiled for GPUs, and interpreted kernels fail inside them. Swap each for the
+    interpreted function that decorating it now would have produced (nothing to swap when
+    triton was imported with the interpreter on).
+    """
+    swapped: dict[int, object] = {}
+    for name, module in list(sys.modules.items()):
+        if not (name == "triton.language" or name.startswith("triton.language.")) or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if type(value) is JITFunction:
+                if id(value) not in swapped:
+                    swapped[id(value)] = InterpretedFunction(value.fn, **_jit_kwargs(value))
+                setattr(module, attr, swapped[id(value)])
+
+
+def _jit_kwargs(fn) -> dict:
+    """The decoration options of a JITFunction that InterpretedFunction also takes."""
+    keys = ("version", "do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline", "repr")
+    return {k: getattr(fn, k) for k in keys if hasattr(fn, k)}

@@ -30,15 +30,13 @@ _STORE: tl.constexpr = tl.constexpr(int(TraceEvent.STORE))
 _GET: tl.constexpr = tl.constexpr(int(TraceEvent.GET))
 _PUT: tl.constexpr = tl.constexpr(int(TraceEvent.PUT))
 _COPY: tl.constexpr = tl.constexpr(int(TraceEvent.COPY))
-_ATOMIC_ADD: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_ADD))
-_ATOMIC_SUB: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_SUB))
-_ATOMIC_XCHG: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_XCHG))
-_ATOMIC_XOR: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_XOR))
-_ATOMIC_AND: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_AND))
-_ATOMIC_OR: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_OR))
-_ATOMIC_MIN: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_MIN))
-_ATOMIC_MAX: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_MAX))
-_ATOMIC_CAS: tl.constexpr = tl.constexpr(int(TraceEvent.ATOMIC_CAS))
+
+
+@constexpr_function
+def _atomic_event(op):
+    """The trace event of atomic ``op`` (``"add"``: ``TraceEvent.ATOMIC_ADD``, ...)."""
+    return int(TraceEvent["ATOMIC_" + op.upper()])
+
 
 # The reference exposed its translation helper under this private module-level name;
 # it stays importable here for ported code (``iris.device.triton.context.__translate``).
@@ -124,183 +122,98 @@ class Context:
             self.tracing.record_event_end(event)
 
     @triton.jit
-    def get(
-        self,
-        from_ptr,
-        to_ptr,
-        from_rank,
-        mask=None,
-        other=None,
-        load_cache_modifier=None,
-        store_cache_modifier=None,
-        hint=None,
-    ):
+    def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier=None,
+            store_cache_modifier=None, hint=None):  # fmt: skip
         """Copy ``from_rank``'s data at ``from_ptr`` into this rank's ``to_ptr``."""
         if self.tracing.enabled:
             event = self.tracing.record_event_start(_GET, from_rank, from_ptr, mask)
-        ops.get(
-            from_ptr,
-            to_ptr,
-            from_rank,
-            self.rank,
-            self.heap_bases,
-            mask,
-            other,
-            load_cache_modifier,
-            store_cache_modifier,
-            hint,
-        )
+        ops.get(from_ptr, to_ptr, from_rank, self.rank, self.heap_bases,
+                mask, other, load_cache_modifier, store_cache_modifier, hint)  # fmt: skip
         if self.tracing.enabled:
             self.tracing.record_event_end(event)
 
     @triton.jit
-    def put(
-        self,
-        from_ptr,
-        to_ptr,
-        to_rank,
-        mask=None,
-        other=None,
-        load_cache_modifier=None,
-        store_cache_modifier=None,
-        hint=None,
-    ):
+    def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, load_cache_modifier=None,
+            store_cache_modifier=None, hint=None):  # fmt: skip
         """Copy this rank's data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``."""
         if self.tracing.enabled:
             event = self.tracing.record_event_start(_PUT, to_rank, to_ptr, mask)
-        ops.put(
-            from_ptr,
-            to_ptr,
-            self.rank,
-            to_rank,
-            self.heap_bases,
-            mask,
-            other,
-            load_cache_modifier,
-            store_cache_modifier,
-            hint,
-        )
+        ops.put(from_ptr, to_ptr, self.rank, to_rank, self.heap_bases,
+                mask, other, load_cache_modifier, store_cache_modifier, hint)  # fmt: skip
         if self.tracing.enabled:
             self.tracing.record_event_end(event)
 
     @triton.jit
-    def copy(
-        self,
-        src_ptr,
-        dst_ptr,
-        from_rank,
-        to_rank,
-        mask=None,
-        other=None,
-        load_cache_modifier=None,
-        store_cache_modifier=None,
-        hint=None,
-    ):
+    def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None, load_cache_modifier=None,
+             store_cache_modifier=None, hint=None):  # fmt: skip
         """Copy from ``from_rank``'s heap at ``src_ptr`` to ``to_rank``'s at ``dst_ptr``."""
-        if self.tracing.enabled:
+        if self.tracing.enabled:  # the event's target is the destination; the source goes in ``arg``
             event = self.tracing.record_event_start(_COPY, to_rank, dst_ptr, mask, from_rank)
-        ops.copy(
-            src_ptr,
-            dst_ptr,
-            from_rank,
-            to_rank,
-            self.rank,
-            self.heap_bases,
-            mask,
-            other,
-            load_cache_modifier,
-            store_cache_modifier,
-            hint,
-        )
+        ops.copy(src_ptr, dst_ptr, from_rank, to_rank, self.rank, self.heap_bases,
+                 mask, other, load_cache_modifier, store_cache_modifier, hint)  # fmt: skip
         if self.tracing.enabled:
             self.tracing.record_event_end(event)
+
+    # Every atomic is one call of _atomic, which records the event and calls the functional
+    # form's implementation (:func:`iris.mem.triton.ops._atomic`) with ``self.rank``.
+
+    @triton.jit
+    def _atomic(self, op: tl.constexpr, pointer, cmp, val, to_rank, mask, sem, scope, hint):
+        if self.tracing.enabled:
+            event = self.tracing.record_event_start(_atomic_event(op), to_rank, pointer, mask)
+        old = ops._atomic(op, pointer, cmp, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        if self.tracing.enabled:
+            self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_add(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic add in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_ADD, to_rank, pointer, mask)
-        old = ops.atomic_add(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        return self._atomic("add", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_sub(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
-        """Atomic subtract in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_SUB, to_rank, pointer, mask)
-        old = ops.atomic_sub(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        """Atomic subtract in ``to_rank``'s heap (an add of ``-val``); returns the previous
+        value."""
+        return self._atomic("sub", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_xchg(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
-        """Atomic exchange in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_XCHG, to_rank, pointer, mask)
-        old = ops.atomic_xchg(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        """Atomic exchange in ``to_rank``'s heap; returns the previous value. With
+        ``sem="release", scope="sys"``: raise a flag a peer waits on
+        (:func:`~iris.mem.triton.atomic_xchg`)."""
+        return self._atomic("xchg", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
-        """Atomic xor in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_XOR, to_rank, pointer, mask)
-        old = ops.atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        """Atomic xor in ``to_rank``'s heap (integer types); returns the previous value."""
+        return self._atomic("xor", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_and(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
-        """Atomic and in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_AND, to_rank, pointer, mask)
-        old = ops.atomic_and(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        """Atomic and in ``to_rank``'s heap (integer types): clears the bits that are 0 in
+        ``val``; returns the previous value."""
+        return self._atomic("and", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_or(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
-        """Atomic or in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_OR, to_rank, pointer, mask)
-        old = ops.atomic_or(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        """Atomic or in ``to_rank``'s heap (integer types): sets the bits that are 1 in
+        ``val``, so several ranks can set their own bits of one word; returns the previous
+        value."""
+        return self._atomic("or", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_min(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic minimum in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_MIN, to_rank, pointer, mask)
-        old = ops.atomic_min(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        return self._atomic("min", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_max(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
-        """Atomic maximum in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_MAX, to_rank, pointer, mask)
-        old = ops.atomic_max(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        """Atomic maximum in ``to_rank``'s heap; returns the previous value. A generation
+        counter is published with it: a late, smaller write cannot move it back."""
+        return self._atomic("max", pointer, None, val, to_rank, mask, sem, scope, hint)
 
     @triton.jit
     def atomic_cas(self, pointer, cmp, val, to_rank, sem=None, scope=None, hint=None):
         """Atomic compare-and-swap in ``to_rank``'s heap; returns the previous value."""
-        if self.tracing.enabled:
-            event = self.tracing.record_event_start(_ATOMIC_CAS, to_rank, pointer)
-        old = ops.atomic_cas(pointer, cmp, val, self.rank, to_rank, self.heap_bases, sem, scope, hint)
-        if self.tracing.enabled:
-            self.tracing.record_event_end(event)
-        return old
+        return self._atomic("cas", pointer, cmp, val, to_rank, None, sem, scope, hint)

@@ -137,18 +137,9 @@ def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint=None, 
 
 @triton.jit
 def copy(
-    src_ptr,
-    dst_ptr,
-    from_rank,
-    to_rank,
-    cur_rank,
-    heap_bases,
-    mask=None,
-    other=None,
-    load_cache_modifier=None,
-    store_cache_modifier=None,
-    hint=None,
-):
+    src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases,
+    mask=None, other=None, load_cache_modifier=None, store_cache_modifier=None, hint=None,
+):  # fmt: skip
     """Copy from ``from_rank``'s heap at ``src_ptr`` to ``to_rank``'s heap at ``dst_ptr``.
 
     Both pointers are given in ``cur_rank``'s (the calling rank's) address space; either
@@ -162,17 +153,9 @@ def copy(
 
 @triton.jit
 def get(
-    from_ptr,
-    to_ptr,
-    from_rank,
-    to_rank,
-    heap_bases,
-    mask=None,
-    other=None,
-    load_cache_modifier=None,
-    store_cache_modifier=None,
-    hint=None,
-):
+    from_ptr, to_ptr, from_rank, to_rank, heap_bases,
+    mask=None, other=None, load_cache_modifier=None, store_cache_modifier=None, hint=None,
+):  # fmt: skip
     """Remote read: load ``from_rank``'s data at ``from_ptr`` and store it locally at
     ``to_ptr``. ``to_rank`` is the calling rank; both pointers are in its space."""
     src = translate(from_ptr, to_rank, from_rank, heap_bases, hint, mask)
@@ -182,17 +165,9 @@ def get(
 
 @triton.jit
 def put(
-    from_ptr,
-    to_ptr,
-    from_rank,
-    to_rank,
-    heap_bases,
-    mask=None,
-    other=None,
-    load_cache_modifier=None,
-    store_cache_modifier=None,
-    hint=None,
-):
+    from_ptr, to_ptr, from_rank, to_rank, heap_bases,
+    mask=None, other=None, load_cache_modifier=None, store_cache_modifier=None, hint=None,
+):  # fmt: skip
     """Remote write: load local data at ``from_ptr`` and store it into ``to_rank``'s heap
     at ``to_ptr``. ``from_rank`` is the calling rank; both pointers are in its space."""
     data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
@@ -201,68 +176,98 @@ def put(
 
 
 # --------------------------------------------------------------------------- atomics
-# Each returns the previous value(s) at the target, like Triton's own atomics.
+# Every remote atomic is one translation and one of Triton's atomics, which returns the
+# previous value(s) at the target: _atomic, told which by the constexpr ``op``. The public
+# functions below (and Context's methods) are calls of it.
+
+
+@triton.jit
+def _atomic(op: tl.constexpr, pointer, cmp, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint):
+    """Atomic ``op`` (``"add"``, ``"sub"``, ``"xchg"``, ``"xor"``, ``"and"``, ``"or"``,
+    ``"min"``, ``"max"`` or ``"cas"``, which alone uses ``cmp`` and takes no mask) of ``val``
+    at ``pointer`` in ``to_rank``'s heap; returns the previous value(s)."""
+    target = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
+    if op == "add":
+        old = tl.atomic_add(target, val, mask=mask, sem=sem, scope=scope)
+    elif op == "sub":  # Triton has no atomic subtract: add the negation
+        old = tl.atomic_add(target, -val, mask=mask, sem=sem, scope=scope)
+    elif op == "xchg":
+        old = tl.atomic_xchg(target, val, mask=mask, sem=sem, scope=scope)
+    elif op == "xor":
+        old = tl.atomic_xor(target, val, mask=mask, sem=sem, scope=scope)
+    elif op == "and":
+        old = tl.atomic_and(target, val, mask=mask, sem=sem, scope=scope)
+    elif op == "or":
+        old = tl.atomic_or(target, val, mask=mask, sem=sem, scope=scope)
+    elif op == "min":
+        old = tl.atomic_min(target, val, mask=mask, sem=sem, scope=scope)
+    elif op == "max":
+        old = tl.atomic_max(target, val, mask=mask, sem=sem, scope=scope)
+    else:
+        tl.static_assert(op == "cas", "iris atomic: unknown op")
+        old = tl.atomic_cas(target, cmp, val, sem=sem, scope=scope)
+    return old
 
 
 @triton.jit
 def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomically add ``val`` at ``pointer`` in ``to_rank``'s heap."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_add(dst, val, mask=mask, sem=sem, scope=scope)
+    """Atomically add ``val`` at ``pointer`` in ``to_rank``'s heap (integers, fp32, fp16, bf16)."""
+    return _atomic("add", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_sub(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomically subtract ``val`` at ``pointer`` in ``to_rank``'s heap."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_add(dst, -val, mask=mask, sem=sem, scope=scope)
+    """Atomically subtract ``val`` at ``pointer`` in ``to_rank``'s heap: an add of ``-val``,
+    for the types :func:`atomic_add` takes."""
+    return _atomic("sub", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomically exchange the value at ``pointer`` in ``to_rank``'s heap with ``val``."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_xchg(dst, val, mask=mask, sem=sem, scope=scope)
+    """Atomically write ``val`` at ``pointer`` in ``to_rank``'s heap, returning the value it
+    replaces (integers, fp32). With ``sem="release", scope="sys"`` it raises a flag that a peer
+    waits on: everything this thread wrote before is visible to whoever sees the new value."""
+    return _atomic("xchg", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_xor(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomic bitwise xor at ``pointer`` in ``to_rank``'s heap."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_xor(dst, val, mask=mask, sem=sem, scope=scope)
+    """Atomic bitwise xor at ``pointer`` in ``to_rank``'s heap (integer types only)."""
+    return _atomic("xor", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_and(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomic bitwise and at ``pointer`` in ``to_rank``'s heap."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_and(dst, val, mask=mask, sem=sem, scope=scope)
+    """Atomic bitwise and at ``pointer`` in ``to_rank``'s heap (integer types only): clears
+    the bits that are 0 in ``val``."""
+    return _atomic("and", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomic bitwise or at ``pointer`` in ``to_rank``'s heap."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_or(dst, val, mask=mask, sem=sem, scope=scope)
+    """Atomic bitwise or at ``pointer`` in ``to_rank``'s heap (integer types only): sets the
+    bits that are 1 in ``val``, so ranks can each set their own bit of one shared mask word
+    without losing the others'."""
+    return _atomic("or", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_min(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomic minimum at ``pointer`` in ``to_rank``'s heap."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_min(dst, val, mask=mask, sem=sem, scope=scope)
+    """Atomic minimum at ``pointer`` in ``to_rank``'s heap (integers, fp32): the value there
+    becomes the smaller of itself and ``val``."""
+    return _atomic("min", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
-    """Atomic maximum at ``pointer`` in ``to_rank``'s heap."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint, mask)
-    return tl.atomic_max(dst, val, mask=mask, sem=sem, scope=scope)
+    """Atomic maximum at ``pointer`` in ``to_rank``'s heap (integers, fp32). A counter that
+    only grows (a barrier's generation) is published with it: a late, smaller write cannot
+    move it back."""
+    return _atomic("max", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
 @triton.jit
 def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scope=None, hint=None):
     """Atomic compare-and-swap at ``pointer`` in ``to_rank``'s heap: where the value equals
     ``cmp``, write ``val``. Returns the previous value (equal to ``cmp`` on success)."""
-    dst = translate(pointer, from_rank, to_rank, heap_bases, hint)
-    return tl.atomic_cas(dst, cmp, val, sem=sem, scope=scope)
+    return _atomic("cas", pointer, cmp, val, from_rank, to_rank, heap_bases, None, sem, scope, hint)

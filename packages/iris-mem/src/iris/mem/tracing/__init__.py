@@ -44,11 +44,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import trace_format as fmt
-from ._version import __version__
-from .bootstrap import Communicator
-from .log import get_logger
-from .utils import global_timer
+from .. import trace_format as fmt
+from .._version import __version__
+from ..bootstrap import Communicator
+from ..log import get_logger
+from ..trace_render import load_trace, render
+from ..utils import global_timer
 
 __all__ = ["HeapTracing", "load_trace", "main", "render"]
 
@@ -354,29 +355,6 @@ def _write_trace(path: str, parts: Sequence[tuple[list[dict], dict]], world_size
         json.dump(trace, f)
 
 
-def load_trace(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[str, Any]:
-    """Read one or more exported trace files into one trace dict (events concatenated,
-    ``otherData["ranks"]`` combined)."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    merged: dict[str, Any] = {"traceEvents": [], "otherData": {"ranks": []}}
-    for path in paths:
-        with open(path) as f:
-            trace = json.load(f)
-        if not isinstance(trace, dict) or "traceEvents" not in trace:
-            raise ValueError(f"{os.fspath(path)} is not a Chrome trace-event JSON object (no traceEvents)")
-        merged["traceEvents"].extend(trace["traceEvents"])
-        merged["otherData"]["ranks"].extend(trace.get("otherData", {}).get("ranks", []))
-    return merged
-
-
-def render(traces, output, title: str | None = None) -> str:
-    """Draw exported trace file(s) as a PNG timeline; see :func:`iris.mem.trace_render.render`."""
-    from .trace_render import render as _render
-
-    return _render(traces, output, title=title)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m iris.mem.tracing render TRACE [TRACE ...] [OUT.png] [--title T]``."""
     parser = argparse.ArgumentParser(prog="python -m iris.mem.tracing", description=__doc__.split("\n\n")[0])
@@ -394,7 +372,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = os.path.splitext(files[0])[0] + ".png"
     print(render(files, output, title=args.title))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
