@@ -409,18 +409,6 @@ def test_bad_arguments_raise_clear_errors():
         op(x.clone(), torch.zeros(4, 8, device="meta"), w)
 
 
-def test_needs_torch_distributed():
-    import torch.distributed as dist
-
-    import iris.ops
-
-    if dist.is_initialized():
-        pytest.skip("torch.distributed is initialised in this process")
-    x = torch.zeros(4, 8)
-    with pytest.raises(RuntimeError, match="torch.distributed"):
-        iris.ops.all_reduce_rmsnorm(torch.empty(4, 8), x, torch.ones(8))
-
-
 # --------------------------------------------------------------------------- GPUs only
 
 

@@ -3,10 +3,12 @@ and K = 0 problems work, a rank that never arrives is reported instead of hangin
 ``Config`` validates its fields."""
 
 import json
+import os
+import socket
 
 import pytest
 import torch
-from ops_testutils import assert_clean, rand, summed
+from ops_testutils import assert_clean, device, rand, setup_rank, summed
 
 from iris.mem.testing import run_world
 
@@ -41,16 +43,51 @@ def test_config_validates_fields():
         iris.ops.Config(128)  # keyword-only
 
 
-def test_ops_need_torch_distributed():
+def _first_call_body(rank: int, world: int, ports: list[int]) -> list[str]:
+    """Each op called as the first thing of a rank whose launcher set only the environment
+    (as torchrun does): the call must set the process group up, as iris.ccl's calls do."""
     import torch.distributed as dist
 
     import iris.ops
 
-    if dist.is_initialized():
-        pytest.skip("torch.distributed is initialised in this process")
-    x = torch.zeros(4, 4)
-    with pytest.raises(RuntimeError, match="torch.distributed"):
-        iris.ops.matmul_all_reduce(torch.empty(4, 4), x, x)
+    setup_rank()
+    dev = device()
+    bad = []
+    x = torch.full((5, 7), float(rank + 1), device=dev)
+    w = torch.eye(7, device=dev)
+    experts = torch.tensor([[rank % (2 * world)]], device=dev)
+    calls = {
+        "matmul_all_reduce": lambda: iris.ops.matmul_all_reduce(torch.empty(5, 7, device=dev), x, w),
+        "all_reduce_rmsnorm": lambda: iris.ops.all_reduce_rmsnorm(
+            torch.empty(5, 7, device=dev), x, torch.ones(7, device=dev)
+        ),
+        "moe_dispatch": lambda: iris.ops.moe_dispatch(x[:1], experts, 2 * world).check(),
+    }
+    for port, (name, call) in zip(ports, calls.items()):
+        if dist.is_initialized():
+            dist.destroy_process_group()  # what a torchrun rank starts with: the environment only
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - reported per op
+            bad.append(f"{name} as the first call: {type(e).__name__}: {e}")
+            continue
+        if not dist.is_initialized() or dist.get_world_size() != world or dist.get_rank() != rank:
+            bad.append(f"{name} as the first call left no world of {world}")
+    return bad
+
+
+def test_ops_set_up_the_world_on_their_first_call():
+    """Every iris.ops entry point sets the process group up from the launcher's environment
+    on its first call (issue: 'launch with torchrun' under torchrun)."""
+    ports = []
+    for _ in range(3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    results = run_world(_first_call_body, 3, ports, timeout=240)
+    problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res]
+    assert not problems, "\n".join(problems)
 
 
 def _expect(errors, exc, text, fn, *args, **kwargs):

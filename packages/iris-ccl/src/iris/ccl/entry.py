@@ -71,6 +71,7 @@ class Spec:
         device: name of the tensor parameter whose device the op runs on (None: the
             current device, :func:`iris.mem.default_device`).
         validate: checks a call's arguments (called with them as keywords), or None.
+        group_of: the call's process group from its arguments (default: its ``group``).
     """
 
     name: str
@@ -81,6 +82,7 @@ class Spec:
     outputs: tuple[str, ...]
     device: str | None
     validate: Callable[..., None] | None
+    group_of: Callable[[Mapping[str, Any]], Any]
     signature: inspect.Signature
     #: positional parameters in order, and every parameter's default (required ones absent)
     positional: tuple[str, ...]
@@ -128,6 +130,7 @@ def op(
     outputs: tuple[str, ...] = (),
     device: str | None = None,
     validate: Callable[..., None] | None = None,
+    group_of: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorate the single-node function of the public op ``name`` (module docstring).
 
@@ -136,6 +139,8 @@ def op(
     :param device: the tensor parameter whose device the op runs on (None: the current device).
     :param validate: called with the call's arguments as keywords before anything runs (it
         may accept ``**_`` for those it does not look at); raises on bad input.
+    :param group_of: the call's process group, from its arguments by name, where the op has
+        no ``group`` parameter (None: its ``group`` argument, or the world).
     """
 
     def decorate(fn: Callable) -> Callable:
@@ -150,7 +155,7 @@ def op(
 
         spec = Spec(
             name, fn.__module__.rsplit(".", 1)[0], fn, public, tensors, outputs, device, validate,
-            signature, positional, defaults,
+            group_of or _group_argument, signature, positional, defaults,
         )  # fmt: skip
         if name in OPS:
             raise RuntimeError(
@@ -160,6 +165,10 @@ def op(
         return public
 
     return decorate
+
+
+def _group_argument(args: Mapping[str, Any]) -> Any:
+    return args.get("group")
 
 
 def compiled_form(name: str) -> Callable[[Callable[[Args], Any]], Callable[[Args], Any]]:
@@ -235,7 +244,7 @@ def _eager(spec: Spec, args: Args) -> Any:
             return result
     if spec.validate is not None:
         spec.validate(**args)
-    group = nodes.spanning(args.get("group"), lambda: spec.device_of(args))
+    group = nodes.spanning(spec.group_of(args), lambda: spec.device_of(args))
     if group is not None:
         _form(_STAGED, spec, "over a group spanning several nodes")(group, args)
         return Work(spec.device_of(args)) if args.get("async_op") else None
@@ -271,6 +280,6 @@ def _range_name(spec: Spec, args: Args) -> str:
         t = args.get(name)
         if isinstance(t, torch.Tensor):
             parts.append(f"{name}={str(t.dtype).removeprefix('torch.')}{list(t.shape)}")
-    if "group" in args and dist.is_initialized():
-        parts.append(f"group={dist.get_world_size(args['group'])}")
+    if dist.is_initialized():
+        parts.append(f"group={dist.get_world_size(spec.group_of(args))}")
     return f"{spec.package}.{spec.name}({', '.join(parts)})"

@@ -14,15 +14,16 @@ their experts and back, one kernel each (their config: :class:`MoEConfig`).
 import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are interpreted
 from iris.ccl import Work
 
-from . import _library  # noqa: F401  (registers the fused ops in torch.ops.iris)
+# Registered at import with iris.ccl.entry: the custom ops and compiled forms, the staged forms.
+from . import _hier, _library  # noqa: F401
 from ._version import __version__
 from .all_gather_matmul import all_gather_matmul
-from .all_reduce_rmsnorm import AllReduceRMSNormConfig, all_reduce_rmsnorm
-from .config import Config
+from .all_reduce_rmsnorm import all_reduce_rmsnorm
+from .config import AllReduceRMSNormConfig, Config, MoEConfig
 from .matmul_all_gather import matmul_all_gather
 from .matmul_all_reduce import matmul_all_reduce
 from .matmul_reduce_scatter import matmul_reduce_scatter
-from .moe import MoEConfig, MoEDispatch, check_errors, moe_combine, moe_dispatch
+from .moe import MoEDispatch, check_errors, moe_combine, moe_dispatch
 from .workspace import Workspace, release_workspaces
 
 __all__ = [

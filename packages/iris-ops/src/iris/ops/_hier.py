@@ -1,5 +1,6 @@
-"""Fused ops over a group spanning several nodes: the fused kernel within the node, the
-step between nodes through torch.distributed (see :mod:`iris.ccl._staged`).
+"""The staged forms of the fused ops over a group spanning several nodes, registered with
+:mod:`iris.ccl.entry`: the fused kernel within the node, the step between nodes through
+torch.distributed.
 
 * ``matmul_all_reduce``: the fused GEMM + all-reduce over the node's ranks, then the
   node sums are all-reduced between nodes in shards (each rank of a node carries one shard
@@ -20,78 +21,76 @@ import torch
 import torch.distributed as dist
 
 import iris.ccl
-from iris.ccl import nodes as _ccl_nodes
+from iris.ccl import entry
+from iris.ccl.nodes import NodeGroups
+
+from .matmul_all_reduce import matmul_all_reduce
 
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def entry(group, device: torch.device, name: str, *args, async_op: bool, **kwargs):
-    """``(True, handle)`` after running op ``name`` in stages when ``group`` spans nodes,
-    ``(False, None)`` otherwise."""
-    hier = _ccl_nodes.spanning(group, device)
-    if hier is None:
-        return False, None
-    globals()["_" + name](hier, *args, **kwargs)
-    return True, iris.ccl.Work(device) if async_op else None
-
-
-def _node_sum(hier, a, b):
+def _node_sum(groups: NodeGroups, a, b):
     """``a @ b`` summed over this node's ranks of the group, on every one of them (fp32
     accumulation), by the fused kernel (or a local GEMM on a node of one rank)."""
-    from .matmul_all_reduce import matmul_all_reduce
-
     part = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-    if hier.intra is not None:
-        matmul_all_reduce(part, a, b, group=hier.intra)
+    if groups.intra is not None:
+        matmul_all_reduce(part, a, b, group=groups.intra)
     else:
         part.copy_(torch.matmul(a.float(), b.float()))
     return part
 
 
-def _matmul_all_reduce(hier, out, a, b, bias, config=None):
-    part = _node_sum(hier, a, b).reshape(-1)
+@entry.staged_form("matmul_all_reduce")
+def _matmul_all_reduce(groups: NodeGroups, args: dict) -> None:
+    out, a, b, bias = args["out"], args["a"], args["b"], args["bias"]
+    part = _node_sum(groups, a, b).reshape(-1)
     n = part.numel()
-    if hier.uniform and hier.intra is not None:
-        shard = -(-n // hier.per_node)
-        buf = torch.zeros(hier.per_node * shard, dtype=part.dtype, device=part.device)
+    if groups.uniform and groups.intra is not None:
+        shard = -(-n // groups.per_node)
+        buf = torch.zeros(groups.per_node * shard, dtype=part.dtype, device=part.device)
         buf[:n] = part
-        mine = buf[hier.local_index * shard : (hier.local_index + 1) * shard].clone()
-        if hier.inter is not None:
-            dist.all_reduce(mine, group=hier.inter)
-        iris.ccl.all_gather(buf, mine, group=hier.intra)
+        mine = buf[groups.local_index * shard : (groups.local_index + 1) * shard].clone()
+        if groups.inter is not None:
+            dist.all_reduce(mine, group=groups.inter)
+        iris.ccl.all_gather(buf, mine, group=groups.intra)
         part = buf[:n]
     else:
-        if hier.local_index == 0 and hier.inter is not None:
-            dist.all_reduce(part, group=hier.inter)
-        if hier.intra is not None:
-            iris.ccl.broadcast(part, hier.local[0], group=hier.intra)
+        if groups.local_index == 0 and groups.inter is not None:
+            dist.all_reduce(part, group=groups.inter)
+        if groups.intra is not None:
+            iris.ccl.broadcast(part, groups.local[0], group=groups.intra)
     result = part.view(out.shape)
     if bias is not None:
         result = (result.float() + bias.float()).to(out.dtype)
     out.copy_(result)
 
 
-def _matmul_reduce_scatter(hier, out, a, b, bias, scatter_dim=0, config=None):
-    part = _node_sum(hier, a, b)
-    size, me = hier.size, hier.position[dist.get_rank()]
+@entry.staged_form("matmul_reduce_scatter")
+def _matmul_reduce_scatter(groups: NodeGroups, args: dict) -> None:
+    out, a, b, bias, scatter_dim = args["out"], args["a"], args["b"], args["bias"], args["scatter_dim"]
+    part = _node_sum(groups, a, b)
+    size, me = groups.size, groups.position[dist.get_rank()]
     chunks = part.chunk(size, dim=scatter_dim)
-    if hier.uniform:
+    if groups.uniform:
         # the inter group of this local index holds ranks R(li, b): their chunks, reduced
         mine = torch.empty_like(chunks[0], memory_format=torch.contiguous_format)
         picks = torch.stack(
-            [chunks[hier.order[hier.local_index * hier.num_nodes + k]].contiguous() for k in range(hier.num_nodes)]
+            [
+                chunks[groups.order[groups.local_index * groups.num_nodes + k]].contiguous()
+                for k in range(groups.num_nodes)
+            ]
         )
-        if hier.inter is not None:
-            _reduce_scatter_single(mine, picks.reshape(-1), group=hier.inter)
+        if groups.inter is not None:
+            _reduce_scatter_single(mine, picks.reshape(-1), group=groups.inter)
         else:
             mine.copy_(picks[0])
         result = mine
     else:
         whole = part.clone()
-        if hier.local_index == 0 and hier.inter is not None:
-            dist.all_reduce(whole, group=hier.inter)
-        if hier.intra is not None:
-            iris.ccl.broadcast(whole, hier.local[0], group=hier.intra)
+        if groups.local_index == 0 and groups.inter is not None:
+            dist.all_reduce(whole, group=groups.inter)
+        if groups.intra is not None:
+            iris.ccl.broadcast(whole, groups.local[0], group=groups.intra)
         result = whole.chunk(size, dim=scatter_dim)[me]
     if bias is not None:
         cols = bias if scatter_dim == 0 else bias.chunk(size)[me]
@@ -99,10 +98,18 @@ def _matmul_reduce_scatter(hier, out, a, b, bias, scatter_dim=0, config=None):
     out.copy_(result)
 
 
-def _all_gather_matmul(hier, out, a_shard, b, bias, gather_dim=0, config=None):
-    size = hier.size
+@entry.staged_form("all_gather_matmul")
+def _all_gather_matmul(groups: NodeGroups, args: dict) -> None:
+    out, a_shard, b, bias, gather_dim = (
+        args["out"],
+        args["a_shard"],
+        args["b"],
+        args["bias"],
+        args["gather_dim"],
+    )
+    size = groups.size
     whole = torch.empty(size * a_shard.numel(), dtype=a_shard.dtype, device=a_shard.device)
-    iris.ccl.all_gather(whole, a_shard, group=hier.group)
+    iris.ccl.all_gather(whole, a_shard, group=groups.group)
     pieces = whole.view(size, *a_shard.shape)
     a = torch.cat(list(pieces), dim=gather_dim)
     result = torch.matmul(a.float(), b.float())
@@ -111,19 +118,24 @@ def _all_gather_matmul(hier, out, a_shard, b, bias, gather_dim=0, config=None):
     out.copy_(result.to(out.dtype))
 
 
-def _matmul_all_gather(hier, out, a, b, bias, config=None):
+@entry.staged_form("matmul_all_gather")
+def _matmul_all_gather(groups: NodeGroups, args: dict) -> None:
+    out, a, b, bias = args["out"], args["a"], args["b"], args["bias"]
     mine = torch.matmul(a.float(), b.float())
     if bias is not None:
         mine = mine + bias.float()
     mine = mine.to(out.dtype)
-    whole = torch.empty(hier.size * mine.numel(), dtype=out.dtype, device=out.device)
-    iris.ccl.all_gather(whole, mine, group=hier.group)
+    whole = torch.empty(groups.size * mine.numel(), dtype=out.dtype, device=out.device)
+    iris.ccl.all_gather(whole, mine, group=groups.group)
     out.copy_(whole.view(out.shape))
 
 
-def _all_reduce_rmsnorm(hier, out, inp, weight, eps, residual=None, residual_out=None, config=None):
+@entry.staged_form("all_reduce_rmsnorm")
+def _all_reduce_rmsnorm(groups: NodeGroups, args: dict) -> None:
+    out, inp, weight, eps = args["out"], args["inp"], args["weight"], args["eps"]
+    residual, residual_out = args["residual"], args["residual_out"]
     total = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
-    iris.ccl.all_reduce(total, inp, group=hier.group)
+    iris.ccl.all_reduce(total, inp, group=groups.group)
     s = total.float()
     if residual is not None:
         s = s + residual.float()

@@ -1,18 +1,20 @@
 """iris.ops's fused ops as ``torch.library`` custom ops (``torch.ops.iris.*``), beside
-iris.ccl's collectives (:mod:`iris.ccl._library`, whose argument mapping they share).
+iris.ccl's collectives, with the argument mapping of :mod:`iris.ccl.library`; and the
+compiled form of each public op (what it runs under ``torch.compile``, registered with
+:mod:`iris.ccl.entry`).
 
-Each op has a mutating form with a trailing underscore (``torch.ops.iris.matmul_all_reduce_
+Each GEMM op has a mutating form with a trailing underscore (``torch.ops.iris.matmul_all_reduce_
 (out, a, b, bias, ...)``, writing ``out``) and a functional form returning new tensors
 (``torch.ops.iris.matmul_all_reduce(a, b, bias, ...)``). ``group`` is the process group's
 ``group_name`` (``""``: the default group); ``config`` is
-:func:`iris.ccl._library.encode_config` of an :class:`iris.ops.Config` (an
-:class:`~iris.ops.AllReduceRMSNormConfig` for ``all_reduce_rmsnorm``), ``""`` for None. A
+:func:`iris.ccl.library.encode_config` of an :class:`iris.ops.Config` (an
+:class:`~iris.ops.AllReduceRMSNormConfig` for ``all_reduce_rmsnorm``, a
+:class:`~iris.ops.MoEConfig` for the MoE ops), ``""`` for None. A
 :class:`~iris.ops.Workspace` cannot be passed: the ops use the workspace they keep per call
 signature.
 
-The public functions call the functional forms under ``torch.compile`` (ordered effects:
-compiled graphs keep every call in program order on every rank) and copy the result into
-the caller's output.
+The compiled forms call the functional forms (ordered effects: compiled graphs keep every
+call in program order on every rank) and copy the result into the caller's output.
 """
 
 from __future__ import annotations
@@ -20,11 +22,24 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from iris.ccl.library import NAMESPACE, decode_config, encode_config, group_name, register_config, resolve_group
+from iris.ccl import entry
+from iris.ccl.library import (
+    NAMESPACE,
+    decode_config,
+    encode_config,
+    group_name,
+    keep_in_order,
+    register_config,
+    resolve_group,
+)
 
-from .all_reduce_rmsnorm import AllReduceRMSNormConfig
-from .config import Config
-from .moe import MoEConfig
+from . import moe
+from .all_gather_matmul import all_gather_matmul as run_all_gather_matmul
+from .all_reduce_rmsnorm import all_reduce_rmsnorm as run_all_reduce_rmsnorm
+from .config import AllReduceRMSNormConfig, Config, MoEConfig
+from .matmul_all_gather import matmul_all_gather as run_matmul_all_gather
+from .matmul_all_reduce import matmul_all_reduce as run_matmul_all_reduce
+from .matmul_reduce_scatter import matmul_reduce_scatter as run_matmul_reduce_scatter
 
 register_config(Config)
 register_config(AllReduceRMSNormConfig)
@@ -36,8 +51,6 @@ def _group_size(group: str) -> int:
 
 
 def _cfg(config: str, cls=Config):
-
-
     return decode_config(config, cls)
 
 
@@ -54,9 +67,7 @@ def matmul_all_reduce_(
     config: str = "",
 ) -> None:  # fmt: skip
     """``iris.ops.matmul_all_reduce(out, a, b, bias)``."""
-    from .matmul_all_reduce import matmul_all_reduce
-
-    matmul_all_reduce(out, a, b, bias, **_kw(group, config))
+    run_matmul_all_reduce(out, a, b, bias, **_kw(group, config))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::all_gather_matmul_", mutates_args=("out",))
@@ -65,9 +76,7 @@ def all_gather_matmul_(
     gather_dim: int = 0, group: str = "", config: str = "",
 ) -> None:  # fmt: skip
     """``iris.ops.all_gather_matmul(out, a_shard, b, bias, gather_dim=...)``."""
-    from .all_gather_matmul import all_gather_matmul
-
-    all_gather_matmul(out, a_shard, b, bias, gather_dim=gather_dim, **_kw(group, config))
+    run_all_gather_matmul(out, a_shard, b, bias, gather_dim=gather_dim, **_kw(group, config))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::matmul_all_gather_", mutates_args=("out",))
@@ -76,9 +85,7 @@ def matmul_all_gather_(
     config: str = "",
 ) -> None:  # fmt: skip
     """``iris.ops.matmul_all_gather(out, a, b, bias)``."""
-    from .matmul_all_gather import matmul_all_gather
-
-    matmul_all_gather(out, a, b, bias, **_kw(group, config))
+    run_matmul_all_gather(out, a, b, bias, **_kw(group, config))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::matmul_reduce_scatter_", mutates_args=("out",))
@@ -87,9 +94,7 @@ def matmul_reduce_scatter_(
     scatter_dim: int = 0, group: str = "", config: str = "",
 ) -> None:  # fmt: skip
     """``iris.ops.matmul_reduce_scatter(out, a, b, bias, scatter_dim=...)``."""
-    from .matmul_reduce_scatter import matmul_reduce_scatter
-
-    matmul_reduce_scatter(out, a, b, bias, scatter_dim=scatter_dim, **_kw(group, config))
+    run_matmul_reduce_scatter(out, a, b, bias, scatter_dim=scatter_dim, **_kw(group, config))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::all_reduce_rmsnorm_", mutates_args=("out", "residual_out"))
@@ -99,10 +104,8 @@ def all_reduce_rmsnorm_(
     config: str = "",
 ) -> None:  # fmt: skip
     """``iris.ops.all_reduce_rmsnorm(out, inp, weight, eps, residual=..., residual_out=...)``."""
-    from .all_reduce_rmsnorm import all_reduce_rmsnorm
-
     kw = _kw(group, config, AllReduceRMSNormConfig)
-    all_reduce_rmsnorm(out, inp, weight, eps, residual=residual, residual_out=residual_out, **kw)
+    run_all_reduce_rmsnorm(out, inp, weight, eps, residual=residual, residual_out=residual_out, **kw)
 
 
 # --------------------------------------------------------------------------- functional forms
@@ -199,11 +202,8 @@ MUTATING = (
 ORDERED = (matmul_all_reduce, all_gather_matmul, matmul_all_gather, matmul_reduce_scatter, all_reduce_rmsnorm)
 for _op in MUTATING:
     _op.register_fake(_nothing)
-# as in iris.ccl._library: never dropped from a graph, functional forms in program order
-for _op in ORDERED:
-    _op.register_effect(torch.library.EffectType.ORDERED)
-for _op in ORDERED + MUTATING:
-    torch.fx.node.has_side_effect(_op._opoverload)
+keep_in_order(*ORDERED)
+keep_in_order(*MUTATING, ordered=False)
 
 
 @matmul_all_reduce.register_fake
@@ -232,46 +232,6 @@ def _(inp, weight, eps=1e-6, residual=None, group="", config=""):
     return like, torch.empty_like(like)
 
 
-# --------------------------------------------------------------------------- what the public functions call
-
-
-def compiled(name: str, out, *args, group=None, config=None, async_op: bool = False, workspace=None, **kw):
-    """The call the public ``iris.ops.<name>`` makes under torch.compile: the functional
-    op, its result copied into ``out`` (and ``residual_out``). Returns None."""
-    if async_op:
-        raise RuntimeError(
-            f"{name}(async_op=True) is not supported inside torch.compile: the compiled graph runs "
-            "the op in order on the current stream; call it with async_op=False there"
-        )
-    if workspace is not None:
-        raise RuntimeError(
-            f"{name}(workspace=...) is not supported inside torch.compile: the compiled op keeps a "
-            "workspace per call signature itself; leave workspace=None there"
-        )
-    ops = torch.ops.iris
-    gname = group_name(group)
-    if name == "all_reduce_rmsnorm":
-        inp, weight, eps = args
-        key = encode_config(config, AllReduceRMSNormConfig)
-        normed, summed = ops.all_reduce_rmsnorm(inp, weight, eps, kw["residual"], gname, key)
-        out.copy_(normed)
-        if kw["residual_out"] is not None:
-            kw["residual_out"].copy_(summed)
-        return None
-    key = encode_config(config, Config)
-    a, b, bias = args
-    if name == "matmul_all_reduce":
-        result = ops.matmul_all_reduce(a, b, bias, gname, key)
-    elif name == "all_gather_matmul":
-        result = ops.all_gather_matmul(a, b, bias, kw["gather_dim"], gname, key)
-    elif name == "matmul_all_gather":
-        result = ops.matmul_all_gather(a, b, bias, gname, key)
-    else:
-        result = ops.matmul_reduce_scatter(a, b, bias, kw["scatter_dim"], gname, key)
-    out.copy_(result)
-    return None
-
-
 # --------------------------------------------------------------------------- expert parallelism
 #
 # moe_dispatch returns the receive buffer (``[capacity, H]``, its row count decided when the
@@ -285,8 +245,6 @@ def moe_dispatch(
     x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, group: str = "", config: str = ""
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``iris.ops.moe_dispatch``: ``(tokens, expert_counts, positions)``."""
-    from . import moe
-
     d = moe.moe_dispatch(x, topk_idx, num_experts, group=resolve_group(group), config=_cfg(config, MoEConfig))
     moe.remember(d)
     return d.tokens, d.expert_counts, d.positions
@@ -298,8 +256,6 @@ def moe_combine(
     num_experts: int, group: str = "", config: str = "",
 ) -> torch.Tensor:  # fmt: skip
     """``iris.ops.moe_combine`` of the dispatch that returned ``positions``."""
-    from . import moe
-
     return moe.moe_combine(expert_out, moe.recall(positions), topk_weights)
 
 
@@ -315,24 +271,83 @@ def _(expert_out, topk_weights, topk_idx, positions, num_experts, group="", conf
     return expert_out.new_empty(positions.shape[0], expert_out.shape[1])
 
 
-for _op in (moe_dispatch, moe_combine):
-    _op.register_effect(torch.library.EffectType.ORDERED)
-    torch.fx.node.has_side_effect(_op._opoverload)
+keep_in_order(moe_dispatch, moe_combine)
 
 
-def compiled_moe_dispatch(x, topk_idx, num_experts, group, config):
-    """What the public ``iris.ops.moe_dispatch`` does under torch.compile."""
-    from .moe import MoEDispatch
+# --------------------------------------------------------------------------- compiled forms
 
+
+def _no_workspace(name: str, args: dict) -> tuple[str, str]:
+    """The ``group`` and ``config`` strings of a GEMM op's call (a RuntimeError for a
+    workspace: compiled code keeps one per call signature itself)."""
+    if args["workspace"] is not None:
+        raise RuntimeError(
+            f"{name}(workspace=...) is not supported inside torch.compile: the compiled op keeps a "
+            "workspace per call signature itself; leave workspace=None there"
+        )
+    cls = AllReduceRMSNormConfig if name == "all_reduce_rmsnorm" else Config
+    return group_name(args["group"]), encode_config(args["config"], cls)
+
+
+@entry.compiled_form("matmul_all_reduce")
+def _(args: dict) -> None:
+    keys = _no_workspace("matmul_all_reduce", args)
+    args["out"].copy_(torch.ops.iris.matmul_all_reduce(args["a"], args["b"], args["bias"], *keys))
+
+
+@entry.compiled_form("all_gather_matmul")
+def _(args: dict) -> None:
+    keys = _no_workspace("all_gather_matmul", args)
+    result = torch.ops.iris.all_gather_matmul(
+        args["a_shard"], args["b"], args["bias"], args["gather_dim"], *keys
+    )
+    args["out"].copy_(result)
+
+
+@entry.compiled_form("matmul_all_gather")
+def _(args: dict) -> None:
+    keys = _no_workspace("matmul_all_gather", args)
+    args["out"].copy_(torch.ops.iris.matmul_all_gather(args["a"], args["b"], args["bias"], *keys))
+
+
+@entry.compiled_form("matmul_reduce_scatter")
+def _(args: dict) -> None:
+    keys = _no_workspace("matmul_reduce_scatter", args)
+    a, b, bias, dim = args["a"], args["b"], args["bias"], args["scatter_dim"]
+    args["out"].copy_(torch.ops.iris.matmul_reduce_scatter(a, b, bias, dim, *keys))
+
+
+@entry.compiled_form("all_reduce_rmsnorm")
+def _(args: dict) -> None:
+    keys = _no_workspace("all_reduce_rmsnorm", args)
+    inp, weight, eps, residual = args["inp"], args["weight"], args["eps"], args["residual"]
+    normed, summed = torch.ops.iris.all_reduce_rmsnorm(inp, weight, eps, residual, *keys)
+    args["out"].copy_(normed)
+    if args["residual_out"] is not None:
+        args["residual_out"].copy_(summed)
+
+
+@entry.compiled_form("moe_dispatch")
+def _(args: dict) -> moe.MoEDispatch:
+    x, topk_idx, num_experts, group, config = (
+        args[n] for n in ("x", "topk_idx", "num_experts", "group", "config")
+    )
     tokens, counts, positions = torch.ops.iris.moe_dispatch(
         x, topk_idx, num_experts, group_name(group), encode_config(config, MoEConfig)
     )
-    return MoEDispatch(tokens, counts, positions, topk_idx, num_experts, None, 0, config, group)
+    return moe.MoEDispatch(tokens, counts, positions, topk_idx, num_experts, None, 0, config, group)
 
 
-def compiled_moe_combine(expert_out, d, topk_weights):
-    """What the public ``iris.ops.moe_combine`` does under torch.compile."""
+@entry.compiled_form("moe_combine")
+def _(args: dict) -> torch.Tensor:
+    d = args["d"]
     key = encode_config(d._cfg, MoEConfig)
     return torch.ops.iris.moe_combine(
-        expert_out, topk_weights, d.topk_idx, d.positions, d.num_experts, group_name(d._group), key
+        args["expert_out"],
+        args["topk_weights"],
+        d.topk_idx,
+        d.positions,
+        d.num_experts,
+        group_name(d._group),
+        key,
     )

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 import iris.mem
-from iris.ccl import Work
+from iris.ccl import Work, entry
 from iris.ccl.triton import Group
 from iris.mem.triton import Context, aggregate
 
@@ -402,6 +402,11 @@ def _validate(out, a_shard, b, bias, gather_dim, group) -> tuple[tuple[int, ...]
     return ranks, index, m, n
 
 
+def _check(out, a_shard, b, bias, *, gather_dim, group, **_) -> None:
+    _validate(out, a_shard, b, bias, gather_dim, group)
+
+
+@entry.op(_OP, tensors=("out", "a_shard", "b", "bias"), outputs=("out",), device="a_shard", validate=_check)
 def all_gather_matmul(
     out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     gather_dim: int = 0, group=None, async_op: bool = False, config: Config | None = None,
@@ -430,20 +435,9 @@ def all_gather_matmul(
     Any tensors work: the shard is read locally and pushed into the peers' workspaces, the
     output is written locally. A shard that is not row-major contiguous is copied first.
     """
-    if torch.compiler.is_compiling():
-        from . import _library
-
-        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
-        return _library.compiled("all_gather_matmul", out, a_shard, b, bias, gather_dim=gather_dim, **opts)
-    ranks, index, m, n = _validate(out, a_shard, b, bias, gather_dim, group)
-    from . import _hier  # a group spanning nodes: fused within the node, staged between
-
-    spans, work = _hier.entry(
-        group, a_shard.device, "all_gather_matmul", out, a_shard, b, bias,
-        gather_dim=gather_dim, async_op=async_op,
-    )  # fmt: skip
-    if spans:
-        return work
+    ranks, index = _host.group_position(group)
+    m = a_shard.shape[0] * len(ranks) if gather_dim == 0 else a_shard.shape[0]
+    n = b.shape[1]
     ks = a_shard.shape[1]
     if a_shard.stride() != (ks, 1):
         a_shard = a_shard.contiguous()

@@ -23,7 +23,7 @@ import torch
 import triton
 
 import iris.mem
-from iris.ccl import Work
+from iris.ccl import Work, entry
 from iris.mem import runtime
 
 from . import _host
@@ -169,6 +169,15 @@ def _check(out, inp, weight, eps, residual, residual_out) -> None:
         raise ValueError(f"{_OP}: out overlaps residual_out; the two outputs must not share memory")
 
 
+def _validate(out, inp, weight, eps, *, residual, residual_out, config, **_) -> None:
+    _check(out, inp, weight, eps, residual, residual_out)
+    check_config(config, AllReduceRMSNormConfig, _OP)
+
+
+@entry.op(
+    _OP, tensors=("out", "inp", "weight", "residual", "residual_out"), outputs=("out", "residual_out"),
+    device="inp", validate=_validate,
+)  # fmt: skip
 def all_reduce_rmsnorm(
     out: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None, group=None,
@@ -196,22 +205,6 @@ def all_reduce_rmsnorm(
         per signature internally. The first call of a signature prepares it (collectively,
         not inside a CUDA graph capture); later calls allocate nothing.
     """
-    if torch.compiler.is_compiling():
-        from . import _library
-
-        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
-        opts.update(residual=residual, residual_out=residual_out)
-        return _library.compiled("all_reduce_rmsnorm", out, inp, weight, eps, **opts)
-    _check(out, inp, weight, eps, residual, residual_out)
-    check_config(config, AllReduceRMSNormConfig, _OP)
-    from . import _hier  # a group spanning nodes: fused within the node, staged between
-
-    spans, work = _hier.entry(
-        group, inp.device, "all_reduce_rmsnorm", out, inp, weight, eps, residual, residual_out,
-        async_op=async_op,
-    )  # fmt: skip
-    if spans:
-        return work
     ranks, index = _host.group_position(group)
     plan = _plan(config, inp, len(ranks), iris.mem.capabilities(inp.device))
     if out.numel() == 0:

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.ccl import Work
+from iris.ccl import Work, entry
 from iris.ccl.triton import Group
 from iris.mem.triton import Context
 
@@ -66,6 +66,16 @@ def _matmul_all_gather_kernel(
     group.sync(ctx, pid)
 
 
+_OP = "matmul_all_gather"
+
+
+def _check(out, a, b, bias, *, group, **_) -> None:
+    ranks, _, m, _, n = _host.check_call(_OP, out, a, b, bias, group)
+    _host.check_shape(_OP, out, (len(ranks) * m, n), "group size x a's rows, b's columns")
+    _host.check_bias(_OP, bias, n)
+
+
+@entry.op(_OP, tensors=("out", "a", "b", "bias"), outputs=("out",), device="a", validate=_check)
 def matmul_all_gather(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     group=None, async_op: bool = False, config: Config | None = None,
@@ -87,21 +97,10 @@ def matmul_all_gather(
     Peers store into ``out`` directly when it is a contiguous tensor on a symmetric heap
     spanning ``group``; any other ``out`` is written through the workspace and copied.
     """
-    if torch.compiler.is_compiling():
-        from . import _library
-
-        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
-        return _library.compiled("matmul_all_gather", out, a, b, bias, **opts)
-    op = "matmul_all_gather"
-    ranks, index, m, k, n = _host.check_call(op, out, a, b, bias, group)
+    op = _OP
+    ranks, index = _host.group_position(group)
+    m, k, n = _host.matmul_dims(op, a, b)
     size = len(ranks)
-    _host.check_shape(op, out, (size * m, n), "group size x a's rows, b's columns")
-    _host.check_bias(op, bias, n)
-    from . import _hier  # a group spanning nodes: fused within the node, staged between
-
-    spans, work = _hier.entry(group, a.device, "matmul_all_gather", out, a, b, bias, async_op=async_op)
-    if spans:
-        return work
     if _select.path(op, m * n * k, size, a.device, config) == "composed":
         kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
         _composed.matmul_all_gather(out, a, b, bias, **kw)

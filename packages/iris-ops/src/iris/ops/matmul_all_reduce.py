@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from iris.ccl import Work
+from iris.ccl import Work, entry
 
 from . import _composed, _host, _reduce, _select
 from .config import Config
@@ -33,6 +33,16 @@ def choose_split(m: int, n: int, size: int, cfg: Config) -> bool:
     return waste(n, cfg.block_n) < waste(m, cfg.block_m)
 
 
+def _check(out, a, b, bias, *, group, **_) -> None:
+    _, _, m, _, n = _host.check_call(_OP, out, a, b, bias, group)
+    _host.check_shape(_OP, out, (m, n), "a's rows, b's columns")
+    _host.check_bias(_OP, bias, n)
+
+
+_OP = "matmul_all_reduce"
+
+
+@entry.op(_OP, tensors=("out", "a", "b", "bias"), outputs=("out",), device="a", validate=_check)
 def matmul_all_reduce(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     group=None, async_op: bool = False, config: Config | None = None,
@@ -55,20 +65,9 @@ def matmul_all_reduce(
     :param workspace: a :class:`Workspace` to reuse across calls; None keeps one per
         signature internally.
     """
-    if torch.compiler.is_compiling():
-        from . import _library
-
-        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
-        return _library.compiled("matmul_all_reduce", out, a, b, bias, **opts)
-    op = "matmul_all_reduce"
-    ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)
-    _host.check_shape(op, out, (m, n), "a's rows, b's columns")
-    _host.check_bias(op, bias, n)
-    from . import _hier  # a group spanning nodes: fused within the node, staged between
-
-    spans, work = _hier.entry(group, a.device, "matmul_all_reduce", out, a, b, bias, async_op=async_op)
-    if spans:
-        return work
+    op = _OP
+    ranks, index = _host.group_position(group)
+    m, _, n = _host.matmul_dims(op, a, b)
     if _select.path(op, m * n * a.shape[1], len(ranks), a.device, config) == "composed":
         kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
         _composed.matmul_all_reduce(out, a, b, bias, **kw)

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 import torch
 
-from iris.ccl import Work
+from iris.ccl import Work, entry
 
 from . import _composed, _host, _reduce, _select
 from .config import Config
 from .workspace import Workspace
 
+_OP = "matmul_reduce_scatter"
 
+
+def _check(out, a, b, bias, *, scatter_dim, group, **_) -> None:
+    ranks, _, m, _, n = _host.check_call(_OP, out, a, b, bias, group)
+    if scatter_dim not in (0, 1) or isinstance(scatter_dim, bool):
+        raise ValueError(f"{_OP}: scatter_dim must be 0 (rows) or 1 (columns), got {scatter_dim!r}")
+    size = len(ranks)
+    _host.divisible(_OP, "M (a's rows)" if scatter_dim == 0 else "N (b's columns)", (m, n)[scatter_dim], size)
+    chunk = (m // size, n) if scatter_dim == 0 else (m, n // size)
+    _host.check_shape(_OP, out, chunk, f"this rank's slice for scatter_dim={scatter_dim}")
+    _host.check_bias(_OP, bias, n)
+
+
+@entry.op(_OP, tensors=("out", "a", "b", "bias"), outputs=("out",), device="a", validate=_check)
 def matmul_reduce_scatter(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     scatter_dim: int = 0, group=None, async_op: bool = False, config: Config | None = None,
@@ -42,28 +56,11 @@ def matmul_reduce_scatter(
     ``out`` may be any tensor (only this rank writes it); the workspace lives on ``out``'s
     heap when ``out`` is on a symmetric heap spanning ``group``.
     """
-    if torch.compiler.is_compiling():
-        from . import _library
-
-        opts = {"group": group, "config": config, "async_op": async_op, "workspace": workspace}
-        args = (out, a, b, bias)
-        return _library.compiled("matmul_reduce_scatter", *args, scatter_dim=scatter_dim, **opts)
-    op = "matmul_reduce_scatter"
-    ranks, index, m, _, n = _host.check_call(op, out, a, b, bias, group)
-    if scatter_dim not in (0, 1) or isinstance(scatter_dim, bool):
-        raise ValueError(f"{op}: scatter_dim must be 0 (rows) or 1 (columns), got {scatter_dim!r}")
+    op = _OP
+    ranks, index = _host.group_position(group)
+    m, _, n = _host.matmul_dims(op, a, b)
     size = len(ranks)
-    _host.divisible(op, "M (a's rows)" if scatter_dim == 0 else "N (b's columns)", (m, n)[scatter_dim], size)
     chunk = (m // size, n) if scatter_dim == 0 else (m, n // size)
-    _host.check_shape(op, out, chunk, f"this rank's slice for scatter_dim={scatter_dim}")
-    _host.check_bias(op, bias, n)
-    from . import _hier  # a group spanning nodes: fused within the node, staged between
-
-    spans, work = _hier.entry(
-        group, a.device, "matmul_reduce_scatter", out, a, b, bias, scatter_dim=scatter_dim, async_op=async_op
-    )
-    if spans:
-        return work
     if _select.path(op, m * n * a.shape[1], size, a.device, config) == "composed":
         kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
         _composed.matmul_reduce_scatter(out, a, b, bias, scatter_dim=scatter_dim, **kw)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import triton
 
 import iris.mem
+from iris.ccl import entry
 from iris.mem import runtime
 
 from . import _host
@@ -318,6 +319,12 @@ def _run_dispatch(x, topk_idx, num_experts: int, size: int, cfg: MoEConfig, ws, 
     return tokens, counts, positions
 
 
+def _check_dispatch(x, topk_idx, num_experts, *, group, config, **_) -> None:
+    check_config(config, MoEConfig)
+    _validate_dispatch(x, topk_idx, num_experts, len(_host.group_position(group)[0]))
+
+
+@entry.op("moe_dispatch", tensors=("x", "topk_idx"), device="x", validate=_check_dispatch)
 def moe_dispatch(
     x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, *, group=None, config=None
 ) -> MoEDispatch:
@@ -342,14 +349,9 @@ def moe_dispatch(
     interpreted). Every rank of the group must call it, with the same ``H``, ``K``,
     ``num_experts``, dtype and config.
     """
-    if torch.compiler.is_compiling():
-        from . import _library
-
-        return _library.compiled_moe_dispatch(x, topk_idx, num_experts, group, config)
-    check_config(config, MoEConfig)
     ranks, index = _host.group_position(group)
     size = len(ranks)
-    _, hidden, slots = _validate_dispatch(x, topk_idx, num_experts, size)
+    hidden, slots = x.shape[1], topk_idx.shape[1]
     caps = iris.mem.capabilities(x.device)
     cfg = resolve(config, hidden, caps)
     ws, info = _workspace_for(ranks, group, x, hidden, slots, num_experts, cfg)
@@ -433,6 +435,13 @@ def _run_combine(expert_out: torch.Tensor, d: MoEDispatch, topk_weights: torch.T
     return y
 
 
+def _dispatch_group(args) -> object:
+    return args["d"]._group if isinstance(args["d"], MoEDispatch) else None
+
+
+@entry.op(
+    "moe_combine", tensors=("expert_out", "topk_weights"), device="expert_out", group_of=_dispatch_group
+)
 def moe_combine(expert_out: torch.Tensor, d: MoEDispatch, topk_weights: torch.Tensor) -> torch.Tensor:
     """Bring the experts' outputs back to the tokens' ranks and sum them, in one kernel.
 
@@ -445,10 +454,6 @@ def moe_combine(expert_out: torch.Tensor, d: MoEDispatch, topk_weights: torch.Te
     :returns: ``[T, H]`` in ``expert_out``'s dtype: ``y[t] = sum_k topk_weights[t, k] *
         expert_out[row(t, k)]`` over the slots with an expert, accumulated in fp32.
     """
-    if torch.compiler.is_compiling():
-        from . import _library
-
-        return _library.compiled_moe_combine(expert_out, d, topk_weights)
     info = _validate_combine(expert_out, d, topk_weights)
     y = _run_combine(expert_out, d, topk_weights)
     info.combined = d._call
