@@ -29,6 +29,8 @@ intra step to the relay, inter step among the relays, intra step from the relay.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -56,6 +58,11 @@ PIECE_ELEMENTS = 1 << 22
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _write_reduced(out: torch.Tensor, result: torch.Tensor, op: ReduceOp, size: int) -> None:
+    """``result`` (summed for AVG) into ``out``, divided by the group's ``size`` for AVG."""
+    out.copy_((result / size if op is ReduceOp.AVG else result).view(out.shape))
 
 
 def _op(op, dtype: torch.dtype) -> ReduceOp:
@@ -103,15 +110,12 @@ def _all_reduce_tensors(groups: NodeGroups, out, inp, op, config) -> None:
             dist.all_reduce(result, op=_TORCH_OP[stage_op], group=groups.inter)
         if groups.intra is not None:
             broadcast(result, groups.local[0], group=groups.intra, config=config)
-    if op is ReduceOp.AVG:
-        result = result / groups.size
-    out.copy_(result.view(out.shape))
+    _write_reduced(out, result, op, groups.size)
 
 
 @entry.staged_form("all_gather")
 def _all_gather(groups: NodeGroups, args: dict) -> None:
     out, inp, config = args["out"], args["inp"], args["config"]
-
     m, dtype, device = inp.numel(), inp.dtype, inp.device
     x = inp.reshape(-1).contiguous()
     if groups.uniform:
@@ -178,9 +182,7 @@ def _reduce_scatter(groups: NodeGroups, args: dict) -> None:
         whole = torch.empty(inp.numel(), dtype=inp.dtype, device=inp.device)
         _all_reduce_tensors(groups, whole, inp, stage_op, config)
         result = whole.view(groups.size, m)[groups.position[dist.get_rank()]]
-    if op is ReduceOp.AVG:
-        result = result / groups.size
-    out.copy_(result.view(out.shape))
+    _write_reduced(out, result, op, groups.size)
 
 
 @entry.staged_form("all_to_all")
@@ -254,7 +256,6 @@ def _all_to_all_uneven(groups: NodeGroups, out, inp, output_split_sizes, input_s
 @entry.staged_form("broadcast")
 def _broadcast(groups: NodeGroups, args: dict) -> None:
     tensor, src, config = args["tensor"], args["src"], args["config"]
-
     relay, node = groups.relay(src)
     work = tensor.reshape(-1).contiguous().clone() if not tensor.is_contiguous() else tensor.view(-1)
     on_root_node = groups.layout.node == node
@@ -290,7 +291,6 @@ def _reduce(groups: NodeGroups, args: dict) -> None:
 @entry.staged_form("gather")
 def _gather(groups: NodeGroups, args: dict) -> None:
     out, inp, dst, config = args["out"], args["inp"], args["dst"], args["config"]
-
     m, dtype, device = inp.numel(), inp.dtype, inp.device
     relay, node = groups.relay(dst)
     block = groups.padded_block(m)
@@ -321,7 +321,6 @@ def _gather(groups: NodeGroups, args: dict) -> None:
 @entry.staged_form("scatter")
 def _scatter(groups: NodeGroups, args: dict) -> None:
     out, inp, src, config = args["out"], args["inp"], args["src"], args["config"]
-
     m, dtype, device = out.numel(), out.dtype, out.device
     relay, node = groups.relay(src)
     relay_rank = groups.nodes[node][relay]
@@ -357,37 +356,30 @@ def _scatter(groups: NodeGroups, args: dict) -> None:
         out.copy_(mine[:m].view(out.shape))
 
 
-@entry.staged_form("send")
-def _send(groups: NodeGroups, args: dict) -> None:
-    tensor, dst, config = args["tensor"], args["dst"], args["config"]
-
-    if dst in groups.local:
-        send(tensor, dst, group=groups.intra, config=config)
+def _point_to_point(groups: NodeGroups, args: dict, sending: bool) -> None:
+    """send (``sending``) or recv: through Iris to a rank of this node, through
+    torch.distributed to a rank of another node."""
+    tensor, config = args["tensor"], args["config"]
+    peer = args["dst"] if sending else args["src"]
+    if peer in groups.local:
+        (send if sending else recv)(tensor, peer, group=groups.intra, config=config)
+    elif sending:
+        dist.send(tensor.contiguous(), dst=peer, group=groups.cross)
     else:
-        dist.send(tensor.contiguous(), dst=dst, group=groups.cross)
-
-
-@entry.staged_form("recv")
-def _recv(groups: NodeGroups, args: dict) -> None:
-    tensor, src, config = args["tensor"], args["src"], args["config"]
-
-    if src in groups.local:
-        recv(tensor, src, group=groups.intra, config=config)
-    else:
-        buf = (
-            tensor
-            if tensor.is_contiguous()
-            else torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        )
-        dist.recv(buf, src=src, group=groups.cross)
-        if buf is not tensor:
+        contiguous = tensor.is_contiguous()
+        buf = tensor if contiguous else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        dist.recv(buf, src=peer, group=groups.cross)
+        if not contiguous:
             tensor.copy_(buf)
+
+
+entry.staged_form("send")(functools.partial(_point_to_point, sending=True))
+entry.staged_form("recv")(functools.partial(_point_to_point, sending=False))
 
 
 @entry.staged_form("barrier")
 def _barrier(groups: NodeGroups, args: dict) -> None:
     config = args["config"]
-
     if groups.intra is not None:
         barrier(group=groups.intra, config=config)
     if groups.local_index == 0 and groups.inter is not None:

@@ -81,7 +81,8 @@ def _matmul_reduce_scatter(groups: NodeGroups, args: dict) -> None:
             ]
         )
         if groups.inter is not None:
-            _reduce_scatter_single(mine, picks.reshape(-1), group=groups.inter)
+            # both flat: gloo checks dim 0 of the output against the input's
+            _reduce_scatter_single(mine.view(-1), picks.reshape(-1), group=groups.inter)
         else:
             mine.copy_(picks[0])
         result = mine

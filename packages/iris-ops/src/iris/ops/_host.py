@@ -8,7 +8,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import iris.mem
-from iris.ccl import Work
+from iris.ccl import Work, entry
 from iris.mem import runtime
 
 from . import workspace as _workspace
@@ -45,6 +45,12 @@ def check_operands(op: str, out, a, b, bias) -> None:
     for name, t in named[1:]:
         if overlaps(out, t):
             raise ValueError(f"{op}: out overlaps {name}; the output must not share memory with an input")
+
+
+def gemm_op(name: str, validate, a: str = "a"):
+    """The :func:`iris.ccl.entry.op` decorator of a fused GEMM op ``name``: tensors ``out``,
+    ``a`` (named ``a``), ``b``, ``bias``; it runs on ``a``'s device and returns ``out``."""
+    return entry.op(name, tensors=("out", a, "b", "bias"), outputs=("out",), device=a, validate=validate)
 
 
 def check_call(op: str, out, a, b, bias, group) -> tuple[tuple[int, ...], int, int, int, int]:

@@ -19,6 +19,10 @@ call in program order on every rank) and copy the result into the caller's outpu
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -58,43 +62,117 @@ def _kw(group: str, config: str, cls=Config) -> dict:
     return {"group": resolve_group(group), "config": _cfg(config, cls)}
 
 
-# --------------------------------------------------------------------------- mutating forms
+# --------------------------------------------------------------------------- the GEMM ops
 
 
-@torch.library.custom_op(f"{NAMESPACE}::matmul_all_reduce_", mutates_args=("out",))
-def matmul_all_reduce_(
-    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "",
-    config: str = "",
-) -> None:  # fmt: skip
-    """``iris.ops.matmul_all_reduce(out, a, b, bias)``."""
-    run_matmul_all_reduce(out, a, b, bias, **_kw(group, config))
+def _mm_shape(
+    a: torch.Tensor, b: torch.Tensor, rows: int = 1, cols: int = 1, divide: bool = False
+) -> list[int]:
+    """``(M, N)`` of ``a @ b`` with M multiplied by ``rows`` and N by ``cols`` (or divided)."""
+    m, n = a.shape[0], b.shape[1]
+    if divide:
+        return [m // rows, n // cols]
+    return [m * rows, n * cols]
 
 
-@torch.library.custom_op(f"{NAMESPACE}::all_gather_matmul_", mutates_args=("out",))
-def all_gather_matmul_(
-    out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-    gather_dim: int = 0, group: str = "", config: str = "",
-) -> None:  # fmt: skip
-    """``iris.ops.all_gather_matmul(out, a_shard, b, bias, gather_dim=...)``."""
-    run_all_gather_matmul(out, a_shard, b, bias, gather_dim=gather_dim, **_kw(group, config))
+def _agm_shape(args: dict) -> list[int]:
+    rows = _group_size(args["group"]) if args["gather_dim"] == 0 else 1
+    return _mm_shape(args["a_shard"], args["b"], rows)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::matmul_all_gather_", mutates_args=("out",))
-def matmul_all_gather_(
-    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "",
-    config: str = "",
-) -> None:  # fmt: skip
-    """``iris.ops.matmul_all_gather(out, a, b, bias)``."""
-    run_matmul_all_gather(out, a, b, bias, **_kw(group, config))
+def _mrs_shape(args: dict) -> list[int]:
+    size, dim = _group_size(args["group"]), args["scatter_dim"]
+    return _mm_shape(args["a"], args["b"], size if dim == 0 else 1, size if dim == 1 else 1, divide=True)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::matmul_reduce_scatter_", mutates_args=("out",))
-def matmul_reduce_scatter_(
-    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-    scatter_dim: int = 0, group: str = "", config: str = "",
-) -> None:  # fmt: skip
-    """``iris.ops.matmul_reduce_scatter(out, a, b, bias, scatter_dim=...)``."""
-    run_matmul_reduce_scatter(out, a, b, bias, scatter_dim=scatter_dim, **_kw(group, config))
+@dataclasses.dataclass(frozen=True)
+class _GemmOp:
+    """One fused GEMM op as two custom ops: ``torch.ops.iris.<name>_(out, <params>, group,
+    config)`` writes ``out`` (through the public function ``run``), ``torch.ops.iris.<name>(
+    <params>, group, config)`` returns a new tensor of ``shape(arguments by name)``."""
+
+    name: str
+    params: str
+    run: Callable
+    shape: Callable[[dict], list[int]]
+
+    @property
+    def names(self) -> list[str]:
+        """The parameters' names, in schema order, ``group`` and ``config`` last."""
+        return [p.split()[1].split("=")[0] for p in self.params.split(", ")] + ["group", "config"]
+
+    @property
+    def defaults(self) -> dict:
+        """The defaults of the schema's parameters (a custom op passes only what it was given)."""
+        found = {"group": "", "config": ""}
+        for param in self.params.split(", "):
+            name, _, default = param.split()[1].partition("=")
+            if default:
+                found[name] = ast.literal_eval(default)
+        return found
+
+    def _bind(self, args: tuple) -> dict:
+        return {**self.defaults, **dict(zip(self.names, args))}
+
+    def define(self) -> tuple:
+        """Register the mutating and the functional custom op (with its fake); returns both."""
+        tail = "str group='', str config=''"
+        mutating = torch.library.custom_op(
+            f"{NAMESPACE}::{self.name}_", self._mutate, mutates_args=("out",),
+            schema=f"(Tensor(a!) out, {self.params}, {tail}) -> ()",
+        )  # fmt: skip
+        functional = torch.library.custom_op(
+            f"{NAMESPACE}::{self.name}",
+            self._compute,
+            mutates_args=(),
+            schema=f"({self.params}, {tail}) -> Tensor",
+        )
+        mutating.register_fake(_nothing)
+        functional.register_fake(lambda *args: self._new_out(args))
+        return mutating, functional
+
+    def _new_out(self, args: tuple) -> torch.Tensor:
+        return args[0].new_empty(self.shape(self._bind(args)))
+
+    def _mutate(self, out: torch.Tensor, *args) -> None:
+        kw = self._bind(args)
+        where = _kw(kw.pop("group"), kw.pop("config"))
+        self.run(out, **kw, **where)
+
+    def _compute(self, *args) -> torch.Tensor:
+        out = self._new_out(args)
+        self._mutate(out, *args)
+        return out
+
+    def compiled(self, args: dict) -> None:
+        """The compiled form of the public op: the functional op, copied into ``out``."""
+        keys = _no_workspace(self.name, args)
+        functional = getattr(torch.ops.iris, self.name)
+        args["out"].copy_(functional(*(args[n] for n in self.names[:-2]), *keys))
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+GEMM_OPS = (
+    _GemmOp("matmul_all_reduce", "Tensor a, Tensor b, Tensor? bias=None", run_matmul_all_reduce,
+            lambda args: _mm_shape(args["a"], args["b"])),
+    _GemmOp("all_gather_matmul", "Tensor a_shard, Tensor b, Tensor? bias=None, int gather_dim=0",
+            run_all_gather_matmul, _agm_shape),
+    _GemmOp("matmul_all_gather", "Tensor a, Tensor b, Tensor? bias=None", run_matmul_all_gather,
+            lambda args: _mm_shape(args["a"], args["b"], _group_size(args["group"]))),
+    _GemmOp("matmul_reduce_scatter", "Tensor a, Tensor b, Tensor? bias=None, int scatter_dim=0",
+            run_matmul_reduce_scatter, _mrs_shape),
+)  # fmt: skip
+for _op in GEMM_OPS:
+    _mutating, _functional = _op.define()
+    keep_in_order(_functional)  # never dropped, in program order on every rank
+    keep_in_order(_mutating, ordered=False)
+    entry.compiled_form(_op.name)(_op.compiled)
+
+
+# --------------------------------------------------------------------------- all_reduce_rmsnorm
 
 
 @torch.library.custom_op(f"{NAMESPACE}::all_reduce_rmsnorm_", mutates_args=("out", "residual_out"))
@@ -106,70 +184,6 @@ def all_reduce_rmsnorm_(
     """``iris.ops.all_reduce_rmsnorm(out, inp, weight, eps, residual=..., residual_out=...)``."""
     kw = _kw(group, config, AllReduceRMSNormConfig)
     run_all_reduce_rmsnorm(out, inp, weight, eps, residual=residual, residual_out=residual_out, **kw)
-
-
-# --------------------------------------------------------------------------- functional forms
-
-
-def _mm_shape(
-    a: torch.Tensor, b: torch.Tensor, rows: int = 1, cols: int = 1, divide: bool = False
-) -> list[int]:
-    m, n = a.shape[0], b.shape[1]
-    if divide:
-        return [m // rows, n // cols]
-    return [m * rows, n * cols]
-
-
-@torch.library.custom_op(f"{NAMESPACE}::matmul_all_reduce", mutates_args=())
-def matmul_all_reduce(
-    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "", config: str = ""
-) -> torch.Tensor:
-    """A new ``(M, N)`` tensor: ``all_reduce(a @ b) + bias``."""
-    out = a.new_empty(_mm_shape(a, b))
-    matmul_all_reduce_(out, a, b, bias, group, config)
-    return out
-
-
-def _agm_shape(a_shard: torch.Tensor, b: torch.Tensor, gather_dim: int, group: str) -> list[int]:
-    return _mm_shape(a_shard, b, _group_size(group) if gather_dim == 0 else 1)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::all_gather_matmul", mutates_args=())
-def all_gather_matmul(
-    a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, gather_dim: int = 0,
-    group: str = "", config: str = "",
-) -> torch.Tensor:  # fmt: skip
-    """A new ``(M, N)`` tensor: ``all_gather(a_shard, gather_dim) @ b + bias``."""
-    out = a_shard.new_empty(_agm_shape(a_shard, b, gather_dim, group))
-    all_gather_matmul_(out, a_shard, b, bias, gather_dim, group, config)
-    return out
-
-
-@torch.library.custom_op(f"{NAMESPACE}::matmul_all_gather", mutates_args=())
-def matmul_all_gather(
-    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, group: str = "", config: str = ""
-) -> torch.Tensor:
-    """A new ``(G*M, N)`` tensor: ``all_gather(a @ b + bias)`` along M."""
-    out = a.new_empty(_mm_shape(a, b, _group_size(group)))
-    matmul_all_gather_(out, a, b, bias, group, config)
-    return out
-
-
-def _mrs_shape(a: torch.Tensor, b: torch.Tensor, scatter_dim: int, group: str) -> list[int]:
-    size = _group_size(group)
-    return _mm_shape(a, b, size if scatter_dim == 0 else 1, size if scatter_dim == 1 else 1, divide=True)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::matmul_reduce_scatter", mutates_args=())
-def matmul_reduce_scatter(
-    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, scatter_dim: int = 0, group: str = "",
-    config: str = "",
-) -> torch.Tensor:  # fmt: skip
-    """A new tensor: this rank's chunk (``(M/G, N)`` or ``(M, N/G)``) of ``a @ b`` summed
-    over the group, + its slice of ``bias``."""
-    out = a.new_empty(_mrs_shape(a, b, scatter_dim, group))
-    matmul_reduce_scatter_(out, a, b, bias, scatter_dim, group, config)
-    return out
 
 
 @torch.library.custom_op(f"{NAMESPACE}::all_reduce_rmsnorm", mutates_args=())
@@ -185,51 +199,15 @@ def all_reduce_rmsnorm(
     return out, residual_out
 
 
-# --------------------------------------------------------------------------- fake implementations
-
-
-def _nothing(*args, **kwargs) -> None:
-    return None
-
-
-MUTATING = (
-    matmul_all_reduce_,
-    all_gather_matmul_,
-    matmul_all_gather_,
-    matmul_reduce_scatter_,
-    all_reduce_rmsnorm_,
-)
-ORDERED = (matmul_all_reduce, all_gather_matmul, matmul_all_gather, matmul_reduce_scatter, all_reduce_rmsnorm)
-for _op in MUTATING:
-    _op.register_fake(_nothing)
-keep_in_order(*ORDERED)
-keep_in_order(*MUTATING, ordered=False)
-
-
-@matmul_all_reduce.register_fake
-def _(a, b, bias=None, group="", config=""):
-    return a.new_empty(_mm_shape(a, b))
-
-
-@all_gather_matmul.register_fake
-def _(a_shard, b, bias=None, gather_dim=0, group="", config=""):
-    return a_shard.new_empty(_agm_shape(a_shard, b, gather_dim, group))
-
-
-@matmul_all_gather.register_fake
-def _(a, b, bias=None, group="", config=""):
-    return a.new_empty(_mm_shape(a, b, _group_size(group)))
-
-
-@matmul_reduce_scatter.register_fake
-def _(a, b, bias=None, scatter_dim=0, group="", config=""):
-    return a.new_empty(_mrs_shape(a, b, scatter_dim, group))
-
-
 @all_reduce_rmsnorm.register_fake
 def _(inp, weight, eps=1e-6, residual=None, group="", config=""):
     like = torch.empty_like(inp, memory_format=torch.contiguous_format)
     return like, torch.empty_like(like)
+
+
+all_reduce_rmsnorm_.register_fake(_nothing)
+keep_in_order(all_reduce_rmsnorm)
+keep_in_order(all_reduce_rmsnorm_, ordered=False)
 
 
 # --------------------------------------------------------------------------- expert parallelism
@@ -278,8 +256,8 @@ keep_in_order(moe_dispatch, moe_combine)
 
 
 def _no_workspace(name: str, args: dict) -> tuple[str, str]:
-    """The ``group`` and ``config`` strings of a GEMM op's call (a RuntimeError for a
-    workspace: compiled code keeps one per call signature itself)."""
+    """The ``group`` and ``config`` strings of a call (a RuntimeError for a workspace:
+    compiled code keeps one per call signature itself)."""
     if args["workspace"] is not None:
         raise RuntimeError(
             f"{name}(workspace=...) is not supported inside torch.compile: the compiled op keeps a "
@@ -287,34 +265,6 @@ def _no_workspace(name: str, args: dict) -> tuple[str, str]:
         )
     cls = AllReduceRMSNormConfig if name == "all_reduce_rmsnorm" else Config
     return group_name(args["group"]), encode_config(args["config"], cls)
-
-
-@entry.compiled_form("matmul_all_reduce")
-def _(args: dict) -> None:
-    keys = _no_workspace("matmul_all_reduce", args)
-    args["out"].copy_(torch.ops.iris.matmul_all_reduce(args["a"], args["b"], args["bias"], *keys))
-
-
-@entry.compiled_form("all_gather_matmul")
-def _(args: dict) -> None:
-    keys = _no_workspace("all_gather_matmul", args)
-    result = torch.ops.iris.all_gather_matmul(
-        args["a_shard"], args["b"], args["bias"], args["gather_dim"], *keys
-    )
-    args["out"].copy_(result)
-
-
-@entry.compiled_form("matmul_all_gather")
-def _(args: dict) -> None:
-    keys = _no_workspace("matmul_all_gather", args)
-    args["out"].copy_(torch.ops.iris.matmul_all_gather(args["a"], args["b"], args["bias"], *keys))
-
-
-@entry.compiled_form("matmul_reduce_scatter")
-def _(args: dict) -> None:
-    keys = _no_workspace("matmul_reduce_scatter", args)
-    a, b, bias, dim = args["a"], args["b"], args["bias"], args["scatter_dim"]
-    args["out"].copy_(torch.ops.iris.matmul_reduce_scatter(a, b, bias, dim, *keys))
 
 
 @entry.compiled_form("all_reduce_rmsnorm")

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 import iris.mem
-from iris.ccl import Work, entry
+from iris.ccl import Work
 from iris.ccl.triton import Group
 from iris.mem.triton import Context, aggregate
 
@@ -406,7 +406,7 @@ def _check(out, a_shard, b, bias, *, gather_dim, group, **_) -> None:
     _validate(out, a_shard, b, bias, gather_dim, group)
 
 
-@entry.op(_OP, tensors=("out", "a_shard", "b", "bias"), outputs=("out",), device="a_shard", validate=_check)
+@_host.gemm_op(_OP, _check, a="a_shard")
 def all_gather_matmul(
     out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     gather_dim: int = 0, group=None, async_op: bool = False, config: Config | None = None,

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.ccl import Work, entry
+from iris.ccl import Work
 from iris.ccl.triton import Group
 from iris.mem.triton import Context
 
@@ -75,7 +75,7 @@ def _check(out, a, b, bias, *, group, **_) -> None:
     _host.check_bias(_OP, bias, n)
 
 
-@entry.op(_OP, tensors=("out", "a", "b", "bias"), outputs=("out",), device="a", validate=_check)
+@_host.gemm_op(_OP, _check)
 def matmul_all_gather(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     group=None, async_op: bool = False, config: Config | None = None,

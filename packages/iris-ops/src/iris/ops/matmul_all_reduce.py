@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from iris.ccl import Work, entry
+from iris.ccl import Work
 
 from . import _composed, _host, _reduce, _select
 from .config import Config
@@ -42,7 +42,7 @@ def _check(out, a, b, bias, *, group, **_) -> None:
 _OP = "matmul_all_reduce"
 
 
-@entry.op(_OP, tensors=("out", "a", "b", "bias"), outputs=("out",), device="a", validate=_check)
+@_host.gemm_op(_OP, _check)
 def matmul_all_reduce(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     group=None, async_op: bool = False, config: Config | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from iris.ccl import Work, entry
+from iris.ccl import Work
 
 from . import _composed, _host, _reduce, _select
 from .config import Config
@@ -31,7 +31,7 @@ def _check(out, a, b, bias, *, scatter_dim, group, **_) -> None:
     _host.check_bias(_OP, bias, n)
 
 
-@entry.op(_OP, tensors=("out", "a", "b", "bias"), outputs=("out",), device="a", validate=_check)
+@_host.gemm_op(_OP, _check)
 def matmul_reduce_scatter(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     scatter_dim: int = 0, group=None, async_op: bool = False, config: Config | None = None,
