@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[3]
@@ -104,6 +105,50 @@ def test_triton_imported_before_iris_mem_still_interprets():
     # A kernel defined after importing iris.mem runs; one defined before cannot (Triton fixed
     # its mode when it was defined), and fails instead of running wrongly.
     assert "late 28.0" in done.stdout and "early" in done.stdout
+
+
+KERNEL_BEFORE_IRIS = """
+import torch, triton, triton.language as tl  # no TRITON_INTERPRET: kernels below are compiled-mode
+
+@triton.jit
+def add_one(x, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x + offs, tl.load(x + offs, mask=offs < n) + 1, mask=offs < n)
+
+@triton.jit
+def waits_on_peers(context, members, flags, epochs, status, budget,
+                   RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr):
+    pass
+
+import iris.mem  # too late: it turns the interpreter on for kernels defined from now on
+from iris.mem import runtime
+
+with iris.mem.init(1 << 20) as heap:
+    x = heap.zeros(16)
+    for name, launch in (
+        ("direct", lambda: add_one[(1,)](x, 16, BLOCK=16)),
+        ("runtime.launch", lambda: runtime.launch(waits_on_peers, 1, heap._sync)),
+    ):
+        try:
+            launch()
+            print(name, "launched")
+        except Exception as e:
+            print(name, type(e).__name__, str(e).replace("\\n", " "))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where Triton finds no GPU driver")
+def test_kernel_defined_before_iris_mem_is_explained():
+    """A compiled-mode kernel on the cpu backend: Triton said "0 active drivers ([]). There
+    should only be one."; Iris says what happened and what to do."""
+    done = run_python(KERNEL_BEFORE_IRIS, IRIS_BACKEND="cpu", TRITON_INTERPRET=None)
+    assert done.returncode == 0, done.stderr
+    lines = {line.split(" ", 1)[0]: line for line in done.stdout.splitlines()}
+    for name in ("direct", "runtime.launch"):
+        assert "import iris.mem before defining kernels" in lines[name], done.stdout
+        assert "Triton interprets" in lines[name], done.stdout
+    assert "add_one" in lines["direct"] or "defined before" in lines["direct"], done.stdout
+    assert "waits_on_peers" in lines["runtime.launch"], done.stdout
 
 
 def test_unknown_backend_in_environment():

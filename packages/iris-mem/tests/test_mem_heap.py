@@ -359,3 +359,31 @@ def test_heap_over_an_uneven_subgroup():
     expected = [100 + m for m in members]
     for group_rank, global_rank in enumerate(members):
         assert results[global_rank] == (group_rank, 3, expected)
+
+
+def exhausted_body(rank, world_size):
+    """A heap that runs out: the message splits the bytes in use into the caller's, those
+    libraries keep (made in ``heap.unscoped()``) and the heap's own sync flags."""
+    with iris.mem.init(1 << 16) as heap:
+        heap.empty(1000, dtype=torch.uint8)  # 1024 bytes with alignment
+        heap.empty(3000, dtype=torch.uint8)  # 3072
+        with heap.unscoped():
+            heap.empty(10, dtype=torch.uint8)  # 256, as a library's
+        try:
+            heap.empty(1 << 16, dtype=torch.uint8)
+        except MemoryError as e:
+            return str(e)
+        return None
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_exhausted_heap_tells_the_callers_bytes_from_irises(world_size):
+    require_world(world_size)
+    messages = run_world(exhausted_body, world_size, timeout=120)
+    for rank, message in enumerate(messages):
+        assert message is not None, "the oversized allocation did not fail"
+        assert f"exhausted on rank {rank}" in message
+        assert "4096 bytes in 2 allocations of yours" in message, message
+        assert "256 bytes in 1 that libraries keep" in message, message
+        # The device barrier's sync state: member table, flags, generations, status words.
+        assert "1024 bytes in 4 of the heap's own" in message, message

@@ -154,6 +154,41 @@ def test_scopes_nest_and_stats_add_up(world_size):
     assert r["totals"] == (6, 6)  # keep, a, b, c, b2 and the one in the raising scope
 
 
+def empty_scopes_body(rank, world_size):
+    """Scopes that allocate nothing, inside and around scopes that do: every scope gives back
+    its own allocations, and nothing is left collecting allocations after the last one."""
+    with iris.mem.init(1 << 16) as heap:
+        base = heap.used_bytes
+        with heap.scope():  # empty when the inner scope ends
+            with heap.scope():
+                pass
+            outer_alloc = heap.zeros(100)  # the outer scope's
+        after_first = heap.used_bytes - base
+        with heap.scope():
+            with heap.scope():
+                with heap.scope():
+                    pass
+                heap.zeros(10)  # the middle scope's
+            after_middle = heap.used_bytes - base
+            heap.ones(10)
+        after_second = heap.used_bytes - base
+        kept = heap.zeros(10)  # outside every scope: no leftover frame may take it
+        with heap.scope():
+            pass
+        after_kept = heap.used_bytes - base
+        heap.free(kept)
+        return after_first, after_middle, after_second, after_kept, outer_alloc.numel()
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_empty_nested_scopes_keep_each_scope_its_own(world_size):
+    """An empty inner scope used to remove its (equal, empty) outer frame: the outer exit then
+    raised ``ValueError: list.remove(x)`` and its allocations were never given back."""
+    require_world(world_size)
+    results = run_world(empty_scopes_body, world_size, timeout=120)
+    assert results == [(0, 0, 0, 256, 100)] * world_size
+
+
 def fragmentation_body(rank, world_size):
     """Free every other block of a full heap: a block of twice the size fits only after the
     neighbours are freed too and the ranges merge."""

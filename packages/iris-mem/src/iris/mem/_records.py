@@ -41,6 +41,7 @@ class Allocation:
     shape: tuple[int, ...]
     dtype: torch.dtype
     live: bool = True
+    kept: bool = False  #: made inside ``heap.unscoped()``: a buffer a library keeps for itself
 
     def describe(self) -> str:
         what = f"allocation #{self.index}" if self.index != INTERNAL else "internal allocation"
@@ -95,9 +96,9 @@ class AllocationTable:
         if offset is None:
             raise MemoryError(
                 f"symmetric heap exhausted on rank {self._rank}: requested {nbytes} bytes "
-                f"(shape {list(shape)}, {dtype}); {self.stats().summary()}. Memory comes back "
-                "only through heap.free(), heap.scope() and heap.close() (dropping a tensor frees nothing); "
-                "free what you no longer need, or pass a larger heap_size to iris.mem.init()"
+                f"(shape {list(shape)}, {dtype}); {self.stats().summary()}. {self._owners()}. Memory comes "
+                "back only through heap.free(), heap.scope() and heap.close() (dropping a tensor frees "
+                "nothing); free what you no longer need, or pass a larger heap_size to iris.mem.init()"
             )
         if not internal and self._debug:
             try:
@@ -106,7 +107,10 @@ class AllocationTable:
                 if nbytes:
                     self.allocator.release(offset, undo=True)
                 raise
-        record = Allocation(INTERNAL if internal else self._allocations, offset, nbytes, tuple(shape), dtype)
+        index = INTERNAL if internal else self._allocations
+        record = Allocation(
+            index, offset, nbytes, tuple(shape), dtype, kept=not internal and self._unscoped > 0
+        )
         if nbytes:
             self._records[offset] = record
             if not internal and self._scopes and not self._unscoped:
@@ -133,6 +137,22 @@ class AllocationTable:
 
     def stats(self) -> MemoryStats:
         return self.allocator.stats()
+
+    def _owners(self) -> str:
+        """Whose the bytes in use are (aligned sizes): the caller's, those libraries keep, and
+        the heap's own; for the message of an exhausted heap (a walk over every record)."""
+        totals = {"yours": [0, 0], "kept": [0, 0], "own": [0, 0]}
+        for record in self._records.values():
+            owner = "own" if record.index == INTERNAL else "kept" if record.kept else "yours"
+            totals[owner][0] += self.allocator.length(record.offset)
+            totals[owner][1] += 1
+        (yours, n_yours), (kept, n_kept), (own, n_own) = totals.values()
+        allocations = "allocation" if n_yours == 1 else "allocations"
+        return (
+            f"Of the bytes in use, {yours} bytes in {n_yours} {allocations} of yours, {kept} bytes in "
+            f"{n_kept} that libraries keep (made in heap.unscoped(), such as iris.ops' workspaces) and {own} "
+            f"bytes in {n_own} of the heap's own (the sync flags of its device barrier and of collectives)"
+        )
 
     # ------------------------------------------------------------------ finding records
     def owner(self, start: int, end: int) -> Allocation | None:
@@ -182,7 +202,9 @@ class AllocationTable:
 
     def close_scope(self, frame: list[Allocation]) -> list[Allocation]:
         """Stop collecting into ``frame``; returns its allocations still live, newest first."""
-        self._scopes.remove(frame)
+        # By identity: frames are lists, and two empty ones are equal (list.remove would take
+        # the outer frame of an empty scope inside an empty scope).
+        self._scopes = [f for f in self._scopes if f is not frame]
         return [r for r in reversed(frame) if r.live]
 
     @contextlib.contextmanager

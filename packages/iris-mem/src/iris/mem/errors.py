@@ -30,7 +30,10 @@ class CallMismatchError(IrisError):
 
 
 class HeapPointerError(IrisError):
-    """A translated pointer falls outside the target rank's heap (debug mode)."""
+    """A translation that would leave the heap: a rank argument that is not a rank of the
+    heap, or a pointer that is not in the calling rank's heap (rank arguments swapped, an
+    ordinary tensor, an index past its allocation). Raised for every translation on the
+    ``cpu`` backend; compiled kernels check in debug mode (``IRIS_DEBUG``), and trap."""
 
 
 class UseAfterFreeError(IrisError, ValueError):

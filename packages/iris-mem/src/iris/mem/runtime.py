@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from triton.runtime.errors import InterpreterError
+from triton.runtime.jit import JITFunction
 
 from . import settings
 from ._alloc import ALIGNMENT
@@ -32,6 +34,7 @@ from ._alloc import ALIGNMENT
 from .bootstrap import exchange, group_index, group_ranks, job_store
 from .errors import AbortedError, CallMismatchError, DeviceWaitTimeout
 from .machine import Capabilities
+from .triton._compat import compiled_kernel_error, iris_error_of
 
 #: int64 status words of a sync state: ``[code, rank, peer, flag address]`` that a waiting
 #: kernel writes, then the mask of the heap ranks whose process has ended (the host sets it:
@@ -340,9 +343,13 @@ def launch(
     :func:`call_signature`, which its barriers compare across the members. Where kernels
     finish before the launch returns (the interpreter), a wait timeout or mismatch they
     recorded is raised at once, and launches from several threads of the process run one
-    after another (:data:`INTERPRETER_LOCK`).
+    after another (:data:`INTERPRETER_LOCK`); an :class:`~iris.mem.IrisError` a device
+    function raised there (a bad translation) is raised itself, not inside Triton's
+    ``InterpreterError``.
     """
     caps = state.capabilities
+    if caps.interpreted and isinstance(kernel, JITFunction):  # compiled mode: defined before import iris.mem
+        raise compiled_kernel_error(kernel.__name__)
     limit = min(state.slots, programs or caps.resident_programs)
     if not 1 <= grid <= limit:
         name = getattr(kernel, "__name__", kernel)
@@ -357,7 +364,13 @@ def launch(
         kernel[(grid,)](*state.kernel_args(), *args, **state.kernel_meta(), **meta)
         return
     with INTERPRETER_LOCK:  # one interpreted kernel at a time per process
-        kernel[(grid,)](*state.kernel_args(), *args, **state.kernel_meta(), **meta)
+        try:
+            kernel[(grid,)](*state.kernel_args(), *args, **state.kernel_meta(), **meta)
+        except InterpreterError as e:
+            cause = iris_error_of(e)
+            if cause is None:
+                raise
+            raise cause from None
     state.check()
 
 

@@ -28,6 +28,7 @@ from triton.runtime.jit import JITFunction
 from .._process import exited, pid_namespace
 from ..bootstrap import Communicator
 from ..settings import interpreted
+from ..triton._compat import explain_compiled_launches
 from .base import Backend
 
 try:  # CPython's own binding of shm_open/shm_unlink (what multiprocessing uses).
@@ -122,6 +123,9 @@ class CpuBackend(Backend):
                 "and before defining any @triton.jit kernel: Triton fixes a kernel's mode when it is defined."
             )
         _check_triton_is_interpreted()
+        # A kernel the caller defined before importing iris.mem is compiled for a GPU; on a
+        # machine without one, its launch says so (not Triton's "0 active drivers").
+        explain_compiled_launches()
         self._maps: list[mmap.mmap] = []
         self._tensors: list[torch.Tensor] = []
         self._name: str | None = None

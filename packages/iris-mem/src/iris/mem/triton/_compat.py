@@ -5,11 +5,26 @@ from __future__ import annotations
 import functools
 import sys
 
+import triton
+from triton.backends import backends
 from triton.language.core import _aggregate
+from triton.runtime.driver import driver
+from triton.runtime.errors import InterpreterError
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITCallable, JITFunction, constexpr_function
 
-__all__ = ["aggregate", "constexpr_function", "interpret_triton_library", "jit_methods_of"]
+from ..errors import IrisError
+
+__all__ = [
+    "aggregate",
+    "compiled_kernel_error",
+    "constexpr_function",
+    "explain_compiled_launches",
+    "interpret_triton_library",
+    "iris_error_of",
+    "jit",
+    "jit_methods_of",
+]
 
 
 class _BoundInterpreted:
@@ -86,3 +101,90 @@ def _jit_kwargs(fn) -> dict:
     """The decoration options of a JITFunction that InterpretedFunction also takes."""
     keys = ("version", "do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline", "repr")
     return {k: getattr(fn, k) for k in keys if hasattr(fn, k)}
+
+
+# --------------------------------------------------------------------------- errors of device functions
+
+
+def iris_error_of(error: BaseException) -> IrisError | None:
+    """The :class:`~iris.mem.IrisError` that ``error`` (Triton's ``InterpreterError``, which
+    wraps whatever a kernel raised) stands for, found down its ``__cause__`` chain, or None."""
+    while error is not None:
+        if isinstance(error, IrisError):
+            return error
+        error = error.__cause__
+    return None
+
+
+class _PassingIrisErrors(InterpretedFunction):
+    """An interpreted device function that lets an :class:`~iris.mem.IrisError` raised inside
+    it through as it is. Triton wraps whatever a device function call raises in an
+    ``InterpreterError`` quoting the previous one, so after the four calls between a kernel
+    and a translation Iris's message would be buried in four quotes."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except InterpreterError as e:
+            cause = iris_error_of(e)
+            if cause is None:
+                raise
+            raise cause from None
+
+
+def jit(fn):
+    """``triton.jit`` for Iris's device functions that may raise an IrisError (the RMA API):
+    compiled, exactly ``triton.jit``; interpreted, a function that lets the error reach the
+    kernel's launch unwrapped (the launch itself wraps it once)."""
+    decorated = triton.jit(fn)
+    if isinstance(decorated, InterpretedFunction):
+        return _PassingIrisErrors(fn, **decorated.kwargs)
+    return decorated
+
+
+# --------------------------------------------------------------------------- kernels defined too early
+
+
+def compiled_kernel_error(kernel_name: str | None) -> RuntimeError:
+    """The error of launching a compiled-mode kernel where kernels are interpreted."""
+    if kernel_name is None:  # a use of the driver other than a launch we can name
+        what = "Triton asked for a GPU driver and found none ('0 active drivers'): a kernel defined"
+    else:
+        what = f"kernel {kernel_name} was defined"
+    return RuntimeError(
+        f"{what} for a GPU (before `import iris.mem` turned Triton's interpreter on), but the heap's "
+        "kernels run in Triton's interpreter (the cpu backend), and Triton found no GPU driver here "
+        "(its message: '0 active drivers'). Triton decides when a kernel is defined whether it interprets "
+        "it: import iris.mem before defining kernels (it decides whether Triton interprets them), or set "
+        "TRITON_INTERPRET=1 in the environment before Python starts"
+    )
+
+
+def _launching_kernel() -> str | None:
+    """The name of the compiled-mode kernel whose launch asks for the driver (the caller
+    frames hold it as ``self``), if any."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        kernel = frame.f_locals.get("self")
+        if isinstance(kernel, JITFunction):
+            return kernel.__name__
+        frame = frame.f_back
+    return None
+
+
+class _NoDriver:
+    """Triton's active driver where Triton finds none (a machine without a GPU): any use
+    (the launch of a kernel compiled for a GPU) raises :func:`compiled_kernel_error`."""
+
+    def __getattr__(self, name: str):
+        raise compiled_kernel_error(_launching_kernel())
+
+
+def explain_compiled_launches() -> None:
+    """Where Triton has no GPU driver (the cpu backend on a machine without a GPU), make the
+    launch of a kernel defined before ``import iris.mem`` (a compiled-mode kernel) say so,
+    instead of Triton's "0 active drivers ([]). There should only be one." (raised by
+    ``triton.runtime.driver`` when the launch first asks for the active driver). Nothing
+    changes where a GPU driver is active."""
+    if not any(backend.driver.is_active() for backend in backends.values()):
+        driver.set_active(_NoDriver())

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..trace_format import TraceEvent
 from . import ops
-from ._compat import aggregate, constexpr_function
+from ._compat import aggregate, constexpr_function, jit
 from .ops import translate
 from .tracing import Tracing
 
@@ -91,7 +91,7 @@ class Context:
             recorder = Tracing(False, rank, heap_bases)
         return Context(rank, world_size, heap_bases, recorder)
 
-    @triton.jit
+    @jit
     def translate(self, ptr, to_rank, hint: tl.constexpr = None):
         """Pointer(s) into ``to_rank``'s heap at the offset of ``ptr`` in this rank's heap."""
         return ops.translate(ptr, self.rank, to_rank, self.heap_bases, hint)
@@ -100,7 +100,7 @@ class Context:
     # recorder unconditionally: compiled, both compile away; in the interpreter a device
     # function call costs about a millisecond, which the test suites would pay on every op.
 
-    @triton.jit
+    @jit
     def load(self, pointer, from_rank, mask=None, other=None, cache_modifier=None, volatile=False, hint=None):
         """Load from ``from_rank``'s heap at the offset of ``pointer``."""
         if self.tracing.enabled:
@@ -112,7 +112,7 @@ class Context:
             self.tracing.record_event_end(event)
         return result
 
-    @triton.jit
+    @jit
     def store(self, pointer, value, to_rank, mask=None, cache_modifier=None, hint=None):
         """Store ``value`` into ``to_rank``'s heap at the offset of ``pointer``."""
         if self.tracing.enabled:
@@ -121,7 +121,7 @@ class Context:
         if self.tracing.enabled:
             self.tracing.record_event_end(event)
 
-    @triton.jit
+    @jit
     def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier=None,
             store_cache_modifier=None, hint=None):  # fmt: skip
         """Copy ``from_rank``'s data at ``from_ptr`` into this rank's ``to_ptr``."""
@@ -132,7 +132,7 @@ class Context:
         if self.tracing.enabled:
             self.tracing.record_event_end(event)
 
-    @triton.jit
+    @jit
     def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, load_cache_modifier=None,
             store_cache_modifier=None, hint=None):  # fmt: skip
         """Copy this rank's data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``."""
@@ -143,7 +143,7 @@ class Context:
         if self.tracing.enabled:
             self.tracing.record_event_end(event)
 
-    @triton.jit
+    @jit
     def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None, load_cache_modifier=None,
              store_cache_modifier=None, hint=None):  # fmt: skip
         """Copy from ``from_rank``'s heap at ``src_ptr`` to ``to_rank``'s at ``dst_ptr``."""
@@ -157,7 +157,7 @@ class Context:
     # Every atomic is one call of _atomic, which records the event and calls the functional
     # form's implementation (:func:`iris.mem.triton.ops._atomic`) with ``self.rank``.
 
-    @triton.jit
+    @jit
     def _atomic(self, op: tl.constexpr, pointer, cmp, val, to_rank, mask, sem, scope, hint):
         if self.tracing.enabled:
             event = self.tracing.record_event_start(_atomic_event(op), to_rank, pointer, mask)
@@ -166,54 +166,54 @@ class Context:
             self.tracing.record_event_end(event)
         return old
 
-    @triton.jit
+    @jit
     def atomic_add(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic add in ``to_rank``'s heap; returns the previous value."""
         return self._atomic("add", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_sub(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic subtract in ``to_rank``'s heap (an add of ``-val``); returns the previous
         value."""
         return self._atomic("sub", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_xchg(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic exchange in ``to_rank``'s heap; returns the previous value. With
         ``sem="release", scope="sys"``: raise a flag a peer waits on
         (:func:`~iris.mem.triton.atomic_xchg`)."""
         return self._atomic("xchg", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic xor in ``to_rank``'s heap (integer types); returns the previous value."""
         return self._atomic("xor", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_and(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic and in ``to_rank``'s heap (integer types): clears the bits that are 0 in
         ``val``; returns the previous value."""
         return self._atomic("and", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_or(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic or in ``to_rank``'s heap (integer types): sets the bits that are 1 in
         ``val``, so several ranks can set their own bits of one word; returns the previous
         value."""
         return self._atomic("or", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_min(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic minimum in ``to_rank``'s heap; returns the previous value."""
         return self._atomic("min", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_max(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint=None):
         """Atomic maximum in ``to_rank``'s heap; returns the previous value. A generation
         counter is published with it: a late, smaller write cannot move it back."""
         return self._atomic("max", pointer, None, val, to_rank, mask, sem, scope, hint)
 
-    @triton.jit
+    @jit
     def atomic_cas(self, pointer, cmp, val, to_rank, sem=None, scope=None, hint=None):
         """Atomic compare-and-swap in ``to_rank``'s heap; returns the previous value."""
         return self._atomic("cas", pointer, cmp, val, to_rank, None, sem, scope, hint)

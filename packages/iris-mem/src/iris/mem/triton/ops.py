@@ -19,9 +19,13 @@ translated pointer (``tl.multiple_of`` + ``tl.max_contiguous``), so accesses sta
 vectorised after translation: pass the block's contiguous length, e.g. ``hint=16`` or
 ``hint=(1, BLOCK_N)``.
 
-With ``IRIS_DEBUG=1`` set before import, every translation checks that the target
-offset falls inside the heap and stops the kernel with a message naming the rank, the
-peer and the offset.
+Every translation is checked on the ``cpu`` backend (Triton's interpreter): a rank that is
+not one, or a pointer that is not in the calling rank's heap (two rank arguments swapped,
+an ordinary tensor, an index past the end of its allocation), raises
+:class:`~iris.mem.HeapPointerError` naming the call and the argument, before any memory is
+touched (see :mod:`iris.mem.triton._checks`). Compiled kernels check in the kernel when
+``IRIS_DEBUG=1`` is set before import: a bad translation stops the kernel with a message
+naming the rank, the peer and the offset.
 """
 
 from __future__ import annotations
@@ -30,39 +34,42 @@ import triton
 import triton.language as tl
 
 from .. import settings as _settings
-from ..errors import HeapPointerError
+from ._checks import check_translation
+from ._compat import jit
 
+#: ``IRIS_DEBUG``, read at import: kernels are compiled with or without the checks it asks for.
 _DEBUG: tl.constexpr = tl.constexpr(_settings.debug())
+_INTERPRETED: tl.constexpr = tl.constexpr(_settings.interpreted())
+#: Whether a translation checks in the kernel that the pointer lies in the source heap:
+#: compiled kernels do in debug mode; the interpreter checks every translation on the host
+#: instead, debug or not (:func:`_check_on_host`).
+_CHECK_IN_KERNEL: tl.constexpr = tl.constexpr(_DEBUG.value and not _INTERPRETED.value)
 #: Word of the context tensor, counted back from ``heap_bases``, holding the heap size.
 _HEAP_SIZE_WORD: tl.constexpr = tl.constexpr(-2)
 
 if _settings.interpreted():
-
-    def _out_of_heap(from_rank, to_rank, offset, heap_size):
-        """Interpreter: raise a Python exception naming rank, peer and offset."""
-
-        def value(x):
-            return int(getattr(getattr(x, "handle", x), "data", x).item() if hasattr(x, "handle") else x)
-
-        raise HeapPointerError(
-            f"IRIS_DEBUG: rank {value(from_rank)} translated a pointer to rank {value(to_rank)} at "
-            f"byte offset {value(offset)} (as unsigned), outside the {value(heap_size)}-byte symmetric heap: "
-            "the pointer was not into this rank's heap, or the offset runs past the allocation"
-        )
-
+    # A plain Python function: the interpreter calls it like a device function, at no cost of
+    # a device-function call, and it reads the host's memory directly.
+    _check_on_host = check_translation
 else:
 
     @triton.jit
-    def _out_of_heap(from_rank, to_rank, offset, heap_size):
-        """Compiled: print the culprit, then trap (stops the kernel without TRITON_DEBUG)."""
-        tl.device_print(
-            "IRIS_DEBUG pointer outside the symmetric heap: rank, peer, byte offset, heap bytes",
-            from_rank,
-            to_rank,
-            offset,
-            heap_size,
-        )
-        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    def _check_on_host(ptr, from_rank, to_rank, heap_bases, mask):
+        """Compiled kernels have no host to ask: nothing (never called, see translate)."""
+        pass
+
+
+@triton.jit
+def _out_of_heap(from_rank, to_rank, offset, heap_size):
+    """Compiled: print the culprit, then trap (stops the kernel without TRITON_DEBUG)."""
+    tl.device_print(
+        "IRIS_DEBUG pointer outside the symmetric heap: rank, peer, byte offset, heap bytes",
+        from_rank,
+        to_rank,
+        offset,
+        heap_size,
+    )
+    tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -81,7 +88,7 @@ def _check_in_heap(offset, from_rank, to_rank, heap_bases, mask):
         _out_of_heap(from_rank, to_rank, worst, heap_size)
 
 
-@triton.jit
+@jit
 def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, mask=None):
     """Translate ``ptr`` from ``from_rank``'s heap to the same offset in ``to_rank``'s heap.
 
@@ -94,10 +101,12 @@ def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, ma
     :param mask: lanes to check in debug mode (masked-out lanes may hold any pointer).
     :returns: pointer(s) of the same type as ``ptr``, valid in this process only.
     """
+    if _INTERPRETED:  # before the loads below: a rank that is not one would read past the table
+        _check_on_host(ptr, from_rank, to_rank, heap_bases, mask)
     from_base = tl.load(heap_bases + from_rank)
     to_base = tl.load(heap_bases + to_rank)
     offset = ptr.to(tl.uint64, bitcast=True) - from_base.to(tl.uint64)
-    if _DEBUG:
+    if _CHECK_IN_KERNEL:
         _check_in_heap(offset, from_rank, to_rank, heap_bases, mask)
     translated = (to_base.to(tl.pointer_type(tl.int8)) + offset).to(ptr.dtype, bitcast=True)
     if hint is not None:
@@ -105,7 +114,7 @@ def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, ma
     return translated
 
 
-@triton.jit
+@jit
 def load(
     pointer,
     to_rank,
@@ -127,7 +136,7 @@ def load(
     return tl.load(src, mask=mask, other=other, cache_modifier=cache_modifier, volatile=volatile)
 
 
-@triton.jit
+@jit
 def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint=None, cache_modifier=None):
     """Store ``value`` into ``to_rank``'s heap at the offset of ``pointer`` (valid for
     ``from_rank``, the calling rank)."""
@@ -135,7 +144,7 @@ def store(pointer, value, from_rank, to_rank, heap_bases, mask=None, hint=None, 
     tl.store(dst, value, mask=mask, cache_modifier=cache_modifier)
 
 
-@triton.jit
+@jit
 def copy(
     src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases,
     mask=None, other=None, load_cache_modifier=None, store_cache_modifier=None, hint=None,
@@ -151,7 +160,7 @@ def copy(
     tl.store(dst, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
-@triton.jit
+@jit
 def get(
     from_ptr, to_ptr, from_rank, to_rank, heap_bases,
     mask=None, other=None, load_cache_modifier=None, store_cache_modifier=None, hint=None,
@@ -163,7 +172,7 @@ def get(
     tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
-@triton.jit
+@jit
 def put(
     from_ptr, to_ptr, from_rank, to_rank, heap_bases,
     mask=None, other=None, load_cache_modifier=None, store_cache_modifier=None, hint=None,
@@ -181,7 +190,7 @@ def put(
 # functions below (and Context's methods) are calls of it.
 
 
-@triton.jit
+@jit
 def _atomic(op: tl.constexpr, pointer, cmp, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint):
     """Atomic ``op`` (``"add"``, ``"sub"``, ``"xchg"``, ``"xor"``, ``"and"``, ``"or"``,
     ``"min"``, ``"max"`` or ``"cas"``, which alone uses ``cmp`` and takes no mask) of ``val``
@@ -209,20 +218,20 @@ def _atomic(op: tl.constexpr, pointer, cmp, val, from_rank, to_rank, heap_bases,
     return old
 
 
-@triton.jit
+@jit
 def atomic_add(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomically add ``val`` at ``pointer`` in ``to_rank``'s heap (integers, fp32, fp16, bf16)."""
     return _atomic("add", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_sub(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomically subtract ``val`` at ``pointer`` in ``to_rank``'s heap: an add of ``-val``,
     for the types :func:`atomic_add` takes."""
     return _atomic("sub", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomically write ``val`` at ``pointer`` in ``to_rank``'s heap, returning the value it
     replaces (integers, fp32). With ``sem="release", scope="sys"`` it raises a flag that a peer
@@ -230,20 +239,20 @@ def atomic_xchg(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=Non
     return _atomic("xchg", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_xor(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomic bitwise xor at ``pointer`` in ``to_rank``'s heap (integer types only)."""
     return _atomic("xor", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_and(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomic bitwise and at ``pointer`` in ``to_rank``'s heap (integer types only): clears
     the bits that are 0 in ``val``."""
     return _atomic("and", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomic bitwise or at ``pointer`` in ``to_rank``'s heap (integer types only): sets the
     bits that are 1 in ``val``, so ranks can each set their own bit of one shared mask word
@@ -251,14 +260,14 @@ def atomic_or(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None,
     return _atomic("or", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_min(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomic minimum at ``pointer`` in ``to_rank``'s heap (integers, fp32): the value there
     becomes the smaller of itself and ``val``."""
     return _atomic("min", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint=None):
     """Atomic maximum at ``pointer`` in ``to_rank``'s heap (integers, fp32). A counter that
     only grows (a barrier's generation) is published with it: a late, smaller write cannot
@@ -266,7 +275,7 @@ def atomic_max(pointer, val, from_rank, to_rank, heap_bases, mask=None, sem=None
     return _atomic("max", pointer, None, val, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
 
 
-@triton.jit
+@jit
 def atomic_cas(pointer, cmp, val, from_rank, to_rank, heap_bases, sem=None, scope=None, hint=None):
     """Atomic compare-and-swap at ``pointer`` in ``to_rank``'s heap: where the value equals
     ``cmp``, write ``val``. Returns the previous value (equal to ``cmp`` on success)."""
