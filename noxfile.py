@@ -306,6 +306,32 @@ def build(session: nox.Session) -> None:
             )  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _check_install_steps(session)
+
+
+def _install_steps() -> list[str]:
+    """The commands of the block docs/getting-started.md marks ``install-steps``."""
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    block = text.split("<!-- install-steps", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _check_install_steps(session: nox.Session) -> None:
+    """Run getting-started's install steps as written, from the repository's root, in a fresh
+    venv (``python`` there being the venv's); torch and triton are installed first from their
+    pins, as the page advises for CPU-only machines."""
+    tmp = tempfile.mkdtemp(prefix="iris-install-steps-")
+    try:
+        session.run("python", "-m", "venv", tmp)
+        bindir = os.path.join(tmp, "bin")
+        session.run(
+            os.path.join(bindir, "python"), "-m", "pip", "install", "--quiet", TORCH, TRITON, external=True
+        )
+        env = {"PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "IRIS_BACKEND": "cpu"}
+        for line in _install_steps():
+            session.run("bash", "-c", f"cd {str(ROOT)!r} && {line}", external=True, env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @nox.session
