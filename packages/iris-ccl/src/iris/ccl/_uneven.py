@@ -64,7 +64,7 @@ from iris.mem.triton import Context
 from iris.mem.triton.group import enter_group
 
 from . import _boxed, _comm, _host, _split_sizes
-from ._ll import _FLAG_PERIOD, _LAUNCH_UNIT
+from ._ll import _FLAG_PERIOD, _LAUNCH_UNIT, _receive, _received
 from ._ll import _HEADER as _LL_HEADER
 from .config import Config, auto_variant
 from .settings import table_path
@@ -223,14 +223,24 @@ def _copy_own(
 def _receive_headers(ctx, group, bank, box_stride, flag, need, GROUP: tl.constexpr, ME: tl.constexpr):
     """Wait for every peer's header (which also proves that the peer has entered this
     launch, so its output may be written) and return the bulk rounds of the call: the
-    largest ``need`` of any member, the same on every rank."""
+    largest ``need`` of any member, the same on every rank; 0 where a header did not come.
+
+    A header that did not come (its sender failed, is later than the budget, or made
+    another call: the wait recorded it in the status words, or found them set already)
+    leaves in its place whatever the buffer held, words of earlier calls (the ``ll``
+    tiles of a small all_reduce, say): nothing may be read from it, neither the rounds nor
+    the peer's offsets. The call then moves no bulk pair, and the host raises what was
+    recorded."""
     w = tl.arange(0, _WORDS)
     rounds = need
     for k in tl.static_range(1, GROUP):
         i = (ME + GROUP - k) % GROUP
-        header = ll.receive(ctx, group, bank + i * box_stride, w, w < _WORDS, flag, i) & 0xFFFFFFFF
+        # flags carry the call's signature: a peer making another call is recorded as a mismatch
+        header = _receive(bank + i * box_stride, flag, ctx, group, i, _WORDS) & 0xFFFFFFFF
         rounds = tl.maximum(rounds, tl.sum(tl.where(w == 1, header, 0)))
-    return rounds
+    # volatile: written by this launch's waits (any program's), or by the host (an abort)
+    failed = tl.load(group.status, volatile=True) != 0
+    return tl.where(failed, 0, rounds)
 
 
 @triton.jit
@@ -239,8 +249,10 @@ def _receive_small(
     GROUP: tl.constexpr, ME: tl.constexpr, LL_BLOCK: tl.constexpr, TILE: tl.constexpr,
 ):  # fmt: skip
     """The small pairs this rank receives: poll box ``i`` for each tile of peer ``i``'s
-    rows (its words carry this launch's flag once they are there) and unpack them into the
-    output."""
+    rows (its words carry this launch's flag once they are there; a word of this launch
+    with another call's signature is recorded as a mismatch) and unpack them into the
+    output. After a wait that gave up the words are used as they are: the call has failed
+    (the host raises), and they land only inside the output."""
     ELEM: tl.constexpr = dst.dtype.element_ty
     for k in tl.static_range(1, GROUP):
         i = (ME + GROUP - k) % GROUP
@@ -248,10 +260,9 @@ def _receive_small(
         at = tl.load(table + 2 * GROUP + i) * row
         t = pid
         while t < tl.where(m <= ll_limit, tl.cdiv(m, TILE), 0):
-            box = bank + i * box_stride + _HDR + t * LL_BLOCK
-            lines = ll.receive(ctx, group, box, tl.arange(0, LL_BLOCK), tl.arange(0, LL_BLOCK) >= 0, flag, i)
+            x = _received(bank + i * box_stride + _HDR + t * LL_BLOCK, flag, ctx, group, i, LL_BLOCK, ELEM)
             offs = t * TILE + tl.arange(0, TILE)
-            tl.store(dst + at + offs, ll.unpack(lines, ELEM), mask=offs < m)
+            tl.store(dst + at + offs, x, mask=offs < m)
             t += programs
 
 
@@ -354,7 +365,10 @@ def _uneven_kernel(
     programs = tl.num_programs(0)
     # the launch number: the same in every program (each adds its share only at the end)
     launch = tl.load(launches) >> 20
-    flag = launch % _FLAG_PERIOD + 1
+    # the flag of every word this launch sends: the launch number in its high 16 bits, the
+    # low 16 bits of the call's signature in its low ones (as in the equal ll kernel), so
+    # that ranks making different calls (dtype, row size, variant, direct or not) see it
+    flag = ((launch % _FLAG_PERIOD + 1) << 16) | (tl.cast(SIG, tl.int64) & 0xFFFF)
     bank = boxes + (launch & 1) * GROUP * box_stride
     need = _bulk_need(table, row, ll_limit, stride, GROUP, ME, DIRECT)
     if DIRECT:  # the heap offset (bytes) of the tensor the peers access here
