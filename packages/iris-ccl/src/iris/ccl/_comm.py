@@ -27,6 +27,9 @@ _log = get_logger(__name__)
 
 #: The staging buffers a communicator may make (iris.ccl's own heaps are sized for all).
 STAGING_NAMES = ("in", "out", "acc", "locks", "push", "ll")
+#: Those that kernels read flags or counters from, zeroed when made: on iris.ccl's own heaps
+#: they are made with the communicator (see :class:`Communicator`).
+ZEROED_STAGING = ("locks", "push", "ll")
 #: Bytes of one point-to-point tile: a mailbox slot is split into tiles of this size, each
 #: moved by one program with its own sequence counters (see p2p.py).
 P2P_TILE_BYTES = 16 << 10
@@ -66,6 +69,12 @@ class Communicator:
             nbytes = p2p_bytes(P2P_TILE_BYTES)
             self.p2p_mailbox = heap.empty(self.size * nbytes, dtype=torch.uint8)
             self.p2p_counters = heap.zeros(4 * self.size * (nbytes // P2P_TILE_BYTES), dtype=torch.int32)
+            # Buffers whose flags and counters peers write must be zero on every member before
+            # any peer writes them: zeroed here, before the barrier that ends the making of
+            # the communicator, so that no call needs a host barrier of its own later (made on
+            # first use they cost one, in the middle of a call that has none otherwise).
+            for name in ZEROED_STAGING:
+                self._staging[name] = heap.zeros(staging_bytes(self.capabilities), dtype=torch.uint8)
         heap.barrier()
         _log.debug(
             "communicator for group %s on %s heap (%d bytes, %s)",
@@ -196,7 +205,7 @@ def in_place(
     table = _communicators(group)
     comm = table.get(heap)
     if comm is None:
-        _agree(group, collective, f"in place on a heap of {heap.heap_size} bytes")
+        _agree(group, collective, heap_kind(heap))
         comm = table[heap] = Communicator(heap, group_ranks(group), owns_heap=False)
         # closing the heap drops the communicator (its flags hold the heap's memory)
         heap.on_close(functools.partial(table.pop, heap, None))
@@ -204,17 +213,22 @@ def in_place(
 
 
 def own(
-    group: dist.ProcessGroup | None, device: torch.device, collective: str = "a collective"
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    collective: str = "a collective",
+    kind: str | None = None,
 ) -> Communicator:
     """The communicator on iris.ccl's own heap for ``group`` (made on first use, collectively;
-    ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers)."""
+    ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers). ``kind``: what the call that makes
+    it runs on, which the ranks agree on first (:func:`_agree`; default :data:`STAGED`: the
+    caller's tensors are copied through this heap)."""
     ranks = group_ranks(group)  # validates group
     table = _communicators(group)
     comm = table.get(None)
     if comm is None or comm.heap.closed:
         caps = iris.mem.capabilities(device)
         size = len(STAGING_NAMES) * staging_bytes(caps) + (8 << 20) + p2p_heap_bytes(len(ranks))
-        _agree(group, collective, STAGED)
+        _agree(group, collective, kind or STAGED)
         heap = iris.mem.init(size, backend=caps.backend, group=group)
         comm = table[None] = Communicator(heap, ranks, owns_heap=True)
     return comm
@@ -222,6 +236,11 @@ def own(
 
 #: The kind of a call whose tensors are copied through iris.ccl's own heap.
 STAGED = "staged through iris.ccl's own heap"
+
+
+def heap_kind(heap: SymmetricHeap) -> str:
+    """The kind of a call whose tensors are used in place on ``heap``."""
+    return f"in place on a heap of {heap.heap_size} bytes"
 
 
 def _agree(group: dist.ProcessGroup | None, collective: str, kind: str) -> None:

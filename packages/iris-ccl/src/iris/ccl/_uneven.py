@@ -60,6 +60,8 @@ import torch
 import triton
 import triton.language as tl
 
+import iris.mem
+from iris.mem import SymmetricHeap
 from iris.mem.triton import Context
 from iris.mem.triton.group import enter_group
 
@@ -440,8 +442,8 @@ class UnevenPlan:
     Attributes:
         comm: iris.ccl's own communicator for the group (sync state, staging buffers).
         cfg: the resolved config (``BLOCK``, warps, programs; ``variant`` as asked).
-        user: the communicator of the caller's heap where bulk pairs move directly
-            (``DIRECT``), else None.
+        user: the caller's heap where bulk pairs move directly (``DIRECT``: the output, or
+            for ``pull`` the input, on a heap spanning the group), else None.
         src, dst: the input and output, flat and contiguous.
         table: the split table (:meth:`~iris.ccl._split_sizes.Splits.table`).
         boxes, launches, box_stride, ll_words: the ``ll`` buffer's two banks of boxes (int64
@@ -455,7 +457,7 @@ class UnevenPlan:
 
     comm: _comm.Communicator
     cfg: Config
-    user: _comm.Communicator | None
+    user: SymmetricHeap | None
     src: torch.Tensor
     dst: torch.Tensor
     table: torch.Tensor
@@ -476,17 +478,36 @@ def all_to_all(out, inp, output_split_sizes, input_split_sizes, group, async_op:
     """The uneven all_to_all (module docstring); arguments as :func:`iris.ccl.all_to_all`:
     validate, plan, run."""
     splits = _split_sizes.validate(out, inp, output_split_sizes, input_split_sizes, group, config)
+    cfg, ll_words = _tile_defaults(config, iris.mem.capabilities(inp.device))
     src, dst = _host.contiguous_pair(inp, out)
     aliased = _host.overlaps(src, dst)
     if aliased:  # the output would overwrite input still to be sent
         src = src.clone()
-    comm = _comm.own(group, inp.device, "all_to_all")
+    user = _direct_heap(cfg.variant, src, dst, group, aliased)
+    # The first call over the group makes iris.ccl's state for it; the ranks agree on the
+    # kind of tensors first (a ValueError on every rank if they differ). Later calls carry
+    # the kind in their signature instead (no host exchange): see run().
+    kind = _comm.STAGED if user is None else _comm.heap_kind(user)
+    comm = _comm.own(group, inp.device, "all_to_all", kind)
     if splits.size == 1:
         dst.copy_(src)
     elif splits.row:  # rows of no elements: nothing to move on any rank (the row size is the same everywhere)
-        run(plan(comm, config, src, dst, splits, group, aliased))
+        run(plan(comm, cfg, ll_words, src, dst, splits, user))
     _host.copy_back(out, dst)
     return _host.finish(comm, async_op)
+
+
+def _direct_heap(variant: str, src, dst, group, aliased: bool) -> SymmetricHeap | None:
+    """The caller's heap that bulk pairs move on directly: the output's (push) or the input's
+    (pull; not when the input is a copy) when it spans exactly the group, else None (bulk
+    pairs go in rounds through iris.ccl's own heap). Only its context is needed: the call
+    synchronises on iris.ccl's own state, so nothing is made on the caller's heap."""
+    bulk = MODES[variant][1]
+    if bulk == "push":
+        return _comm.spanning_heap([dst], group)
+    if bulk == "pull" and not aliased:
+        return _comm.spanning_heap([src], group)
+    return None
 
 
 def _ll_boxes(comm: _comm.Communicator, ll_words: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -517,13 +538,10 @@ def _round_boxes(comm: _comm.Communicator, dtype: torch.dtype) -> tuple[torch.Te
     return slots, buf[:8].view(torch.int32), stride
 
 
-def plan(
-    comm, config: Config | None, src, dst, splits: _split_sizes.Splits, group, aliased: bool
-) -> UnevenPlan:
-    """The launch of a validated call: tiles, buffers, the ``ll`` limit and whether bulk
-    pairs move directly. Nothing here depends on another rank's sizes (every rank decides
-    alike), only on the variant, the tensors' kind and the group."""
-    cfg, ll_words = _tile_defaults(config, comm.capabilities)
+def plan(comm, cfg: Config, ll_words: int, src, dst, splits: _split_sizes.Splits, user) -> UnevenPlan:
+    """The launch of a validated call: buffers, the ``ll`` tile and limit. Nothing here
+    depends on another rank's sizes (every rank decides alike), only on the variant, the
+    tensors' kind (``user``: :func:`_direct_heap`) and the group."""
     boxes, launches, box_stride, ll_words = _ll_boxes(comm, ll_words)
     slots, counter, stride = _round_boxes(comm, src.dtype)
     small, bulk = MODES[cfg.variant]
@@ -533,11 +551,6 @@ def plan(
         ll_limit = min(ll_limit, _table_ll_bytes(comm.size, table_path()) // src.element_size())
     elif small == "none":
         ll_limit = 0
-    user = None
-    if bulk == "push":
-        user = _comm.in_place([dst], group, "all_to_all")
-    elif bulk == "pull" and not aliased:
-        user = _comm.in_place([src], group, "all_to_all")
     remote = (dst if bulk == "push" else src) if user is not None else slots
     return UnevenPlan(
         comm, cfg, user, src, dst, splits.table(src.device), boxes, launches, box_stride, ll_words, slots,
@@ -547,12 +560,16 @@ def plan(
 
 def run(p: UnevenPlan) -> None:
     """Launch the planned call: one launch of :func:`_uneven_kernel` with the resident
-    programs. Split sizes differ between ranks by design; what must agree is signed."""
-    signature = {"dtype": p.src.dtype, "row": p.row, "variant": p.cfg.variant}
+    programs. Split sizes differ between ranks by design; what must agree is signed (the
+    headers, the ``ll`` tiles and the barriers carry it): the dtype, the row size, the
+    variant and whether bulk pairs move directly (the kind of tensors: a rank with a heap
+    output and one without would otherwise wait on different things)."""
+    signature = {"dtype": p.src.dtype, "row": p.row, "variant": p.cfg.variant, "direct": p.user is not None}
+    user_context = (p.user or p.comm.heap).get_device_context()
     with p.comm.signed("all_to_all (uneven splits)", **signature):
         _host.launch(
             _uneven_kernel, _host.resident_programs(p.comm, p.cfg), p.comm, p.cfg,
-            (p.user or p.comm).heap.get_device_context(), p.src, p.dst, p.table, p.boxes, p.launches,
+            user_context, p.src, p.dst, p.table, p.boxes, p.launches,
             p.slots, p.counter, p.row, p.ll_limit, p.box_stride, p.stride,
             LL_BLOCK=p.ll_words, PUSH=p.push, DIRECT=p.user is not None, HINT=p.hint,
         )  # fmt: skip
