@@ -166,12 +166,37 @@ _BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _communicators(group: dist.ProcessGroup | None) -> dict:
-    """The communicators of ``group`` (None: the default group); made empty on first use."""
+    """The communicators of ``group`` (None: the default group); made empty on first use,
+    after forgetting those of destroyed groups (:func:`_forget_destroyed`)."""
     key = dist.group.WORLD if group is None else group
     table = _BY_GROUP.get(key)
     if table is None:
+        _forget_destroyed()
         table = _BY_GROUP[key] = {}
     return table
+
+
+def _destroyed(group: dist.ProcessGroup) -> bool:
+    """Whether torch.distributed has destroyed ``group`` (it no longer knows its ranks)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except Exception:  # noqa: BLE001 - KeyError in torch 2.x; whatever a later torch raises
+        return True
+    return False
+
+
+def _forget_destroyed() -> None:
+    """Drop the communicators of groups that torch.distributed has destroyed, closing
+    iris.ccl's own heaps under them. The table is keyed weakly by the group, but a group's
+    own heap holds the group (its host collectives run over it), so an entry would keep its
+    key, and a heap a rank, alive forever. A destroyed group runs nothing more: its members
+    have left its collectives. Checked when a group is first used (rare: a new group), so
+    a destroyed group's state goes at the next first use of a group, or at exit."""
+    for key in list(_BY_GROUP.keys()):
+        if _destroyed(key):
+            for comm in _BY_GROUP.pop(key, {}).values():
+                if comm.owns_heap:
+                    comm.heap.close()
 
 
 def _every_communicator() -> list[Communicator]:
