@@ -454,23 +454,26 @@ def group_cycles_body(rank, world_size, cycles):
     """new_group / collectives on it / destroy_process_group(group), again and again: what
     each cycle leaves open (the group's communicator held a heap that held the group)."""
     seen = []
+    groups = []
     for _ in range(cycles):
         group = dist.new_group(list(range(world_size)))
         x = torch.ones(1000)
         iris.ccl.all_reduce(x, x, group=group)
         right = bool((x == world_size).all())
         dist.destroy_process_group(group)
-        gone = weakref.ref(group)
+        groups.append(weakref.ref(group))
         del group
         gc.collect()
-        seen.append((*_open_files_and_mappings(), _live_heaps(), gone() is None, right))
+        alive = sum(g() is not None for g in groups)
+        seen.append((*_open_files_and_mappings(), _live_heaps(), alive, right))
     return seen
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts /proc/self/fd and /proc/self/maps")
 def test_destroyed_groups_release_their_communicators():
-    """A group made with dist.new_group, used by iris.ccl and destroyed leaves nothing
-    behind: each cycle kept a heap (7 descriptors, 2 mappings, 4.5 MiB a rank)."""
+    """A group made with dist.new_group, used by iris.ccl and destroyed is released, with
+    iris.ccl's heap for it, at the latest when the next group is first used: each cycle kept
+    a heap (7 descriptors, 2 mappings, 4.5 MiB a rank)."""
     cycles = 6
     for rank, seen in enumerate(run_world(group_cycles_body, 2, cycles, timeout=120)):
         assert all(right for *_, right in seen), f"rank {rank}: wrong sums {seen}"
@@ -480,7 +483,7 @@ def test_destroyed_groups_release_their_communicators():
             f"rank {rank}: open files grew from {fds0} to {fds} over {cycles - 2} cycles: {seen}"
         )
         assert maps <= maps0 + 2, f"rank {rank}: mappings grew from {maps0} to {maps}: {seen}"
-        assert seen[-1][3], f"rank {rank}: the destroyed group is still referenced: {seen}"
+        assert all(alive <= 1 for *_, alive, _ in seen), f"rank {rank}: destroyed groups kept: {seen}"
 
 
 # --------------------------------------------------------------------------- one budget per call
