@@ -19,7 +19,9 @@ the ranks tell each other:
    (with uneven sizes they seldom do), and the pair's row count as this rank sees it, which
    bounds a direct transfer where split sizes disagree. Every program polls the headers of
    every peer (a header from a peer also proves that the peer has entered the call, so its
-   output may be written).
+   output may be written). A header that does not come (a peer that failed, is later than
+   the wait budget, or makes another call) is never read: the buffer holds words of earlier
+   calls there; the call moves no bulk pair and the host raises what the wait recorded.
 2. **Small pairs, flags in data.** A pair (sender ``i``, receiver ``j``) whose count is at
    most ``ll_limit`` elements (both ends know the pair's count, so both classify it the
    same way) goes the ``ll`` way at once, without waiting for any header: its tiles, data
@@ -36,10 +38,15 @@ the ranks tell each other:
    of the headers: the same on every rank). Remote accesses of the bulk path are tiled on
    the remote side's alignment, so whole tiles move as 16-byte vectors.
 
-The ``ll`` buffer keeps the discipline of :mod:`iris.ccl._ll` (a launch counter, two banks
-by launch parity, every member receiving a word from every member in every launch); the
-rounds use the ``push`` buffer's banks so that the ``boxed`` launch after this one writes
-a bank this launch's last round did not use (see :func:`_bulk_rounds`).
+Every flag carries the launch number and the low 16 bits of the call's signature (dtype,
+row size, variant, whether bulk pairs move directly), as the ``ll`` variant's words do: a
+rank that finds a word of this launch from another call records a mismatch, and every
+rank raises :class:`~iris.mem.CallMismatchError`. Split sizes are not signed: they differ
+between ranks by design. The ``ll`` buffer keeps the discipline of :mod:`iris.ccl._ll` (a
+launch counter, two banks by launch parity, every member receiving a word from every
+member in every launch); the rounds use the ``push`` buffer's banks so that the ``boxed``
+launch after this one writes a bank this launch's last round did not use (see
+:func:`_bulk_rounds`).
 
 The kernel is written as named parts, one per step above (:func:`_send_headers`,
 :func:`_send_small`, :func:`_receive_headers`, :func:`_receive_small`, :func:`_bulk_direct`,
