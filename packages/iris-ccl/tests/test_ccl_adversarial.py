@@ -348,3 +348,209 @@ def test_debug_checks_of_ranks_at_different_calls():
         assert kind == ("HeapMismatchError" if rank == 0 else "ValueError"), (rank, outcome)
         assert "ranks are at different calls" in message, (rank, message)
         assert "rank 0: heap allocation" in message and "rank 1: iris.ccl collective" in message, message
+
+
+# --------------------------------------------------------------------------- uneven all_to_all
+def _uneven_kind_call(heap, rank: int, world_size: int, odd: bool) -> torch.Tensor:
+    """An uneven all_to_all (``push``: bulk pairs go straight into a heap output) whose output
+    is a heap tensor where ``odd``, a plain tensor elsewhere (every rank allocates it:
+    allocation stays symmetric). Rank ``i`` sends ``i + j + 1`` rows to rank ``j``."""
+    rows = [rank + j + 1 for j in range(world_size)]
+    back = [i + rank + 1 for i in range(world_size)]
+    on_heap = heap.zeros(sum(back), 3)
+    out = on_heap if odd else torch.zeros(sum(back), 3)
+    inp = torch.full((sum(rows), 3), float(rank))
+    iris.ccl.all_to_all(out, inp, back, rows, config=iris.ccl.Config(variant="push"))
+    want = torch.cat([torch.full((n, 3), float(i)) for i, n in enumerate(back)])
+    assert torch.equal(out, want), f"rank {rank}: wrong rows"
+    return out
+
+
+def uneven_kinds_body(rank, world_size):
+    """Rank 0 passes a heap output, the others plain ones: first in a fresh world, then
+    after both kinds ran."""
+    outcome = []
+    with iris.mem.init(1 << 22) as heap:
+        for attempt in ("first", "warm"):
+            started = time.monotonic()
+            try:
+                _uneven_kind_call(heap, rank, world_size, rank == 0)
+            except (ValueError, iris.mem.CallMismatchError, iris.mem.DeviceWaitTimeout) as e:
+                outcome.append((attempt, type(e).__name__, str(e), time.monotonic() - started))
+            else:
+                outcome.append((attempt, None, None, time.monotonic() - started))
+            for odd in (True, False):  # matching calls of both kinds work
+                _uneven_kind_call(heap, rank, world_size, odd)
+    return outcome
+
+
+def test_uneven_heap_output_on_one_rank_plain_on_the_others():
+    """The first uneven call of a kind over a group agrees on it like the equal-split form:
+    the same ValueError on every rank at once (rank 0 waited in a host exchange for the
+    group's timeout, the others in the kernel); once both kinds ran, the call signature
+    (which says whether bulk pairs move directly) makes every rank raise CallMismatchError
+    instead of waiting for IRIS_WAIT_TIMEOUT."""
+    for rank, outcome in enumerate(run_world(uneven_kinds_body, 3, env=SHORT_WAIT, timeout=60)):
+        (_, kind, message, seconds), (_, warm_kind, warm_message, warm_seconds) = outcome
+        assert kind == "ValueError" and KIND_WORDS in message, (rank, outcome)
+        assert "ranks [1, 2]" in message and seconds < 10, (rank, message, seconds)
+        assert warm_kind == "CallMismatchError" and "direct=" in warm_message, (rank, outcome)
+        assert warm_seconds < 10, (rank, warm_seconds)
+
+
+# --------------------------------------------------------------------------- aborted heaps
+def aborted_heap_body(rank, world_size):
+    """Every rank aborts its heap; then collectives that stage the heap's tensors (auto on a
+    small message, ll, boxed, uneven all_to_all) and one that runs in place must refuse them
+    before anything runs, as they refuse a closed heap's, and leave them unwritten."""
+    heap = iris.mem.init(1 << 22)
+    x = heap.full((100,), float(rank + 1))
+    iris.ccl.all_reduce(x, x)  # fine while the heap lives
+    heap.abort("the trainer gave up")
+    x_before = x.clone()
+    plain = torch.ones(100)
+    rows = [2] * world_size
+    heap_out = x[: 10 * world_size]
+    calls = {
+        "auto, heap input": lambda: iris.ccl.all_reduce(torch.zeros(100), x),
+        "ll, heap output": lambda: iris.ccl.all_reduce(x, plain, config=iris.ccl.Config(variant="ll")),
+        "boxed, heap output": lambda: iris.ccl.all_gather(
+            heap_out, plain[:10], config=iris.ccl.Config(variant="boxed")
+        ),
+        "uneven, heap output": lambda: iris.ccl.all_to_all(
+            x[: 2 * world_size], plain[: 2 * world_size], rows, rows
+        ),
+        "broadcast": lambda: iris.ccl.broadcast(x, src=0),
+    }
+    outcome = {}
+    for what, call in calls.items():
+        try:
+            call()
+        except iris.mem.AbortedError as e:
+            outcome[what] = "the trainer gave up" in str(e)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            outcome[what] = f"{type(e).__name__}: {e}"
+        else:
+            outcome[what] = "no error"
+    written = not torch.equal(x, x_before)
+    heap.close()
+    return outcome, written
+
+
+def test_aborted_heap_tensors_are_refused():
+    """heap.abort() is enforced for every collective, also those that only stage the
+    heap's tensors through iris.ccl's own heap (they ran and wrote them)."""
+    for rank, (outcome, written) in enumerate(run_world(aborted_heap_body, 2, timeout=120)):
+        assert all(v is True for v in outcome.values()), f"rank {rank}: {outcome}"
+        assert not written, f"rank {rank}: a refused call wrote the aborted heap's tensor"
+
+
+# --------------------------------------------------------------------------- groups' lifetime
+def _live_heaps() -> int:
+    return sum(1 for o in gc.get_objects() if isinstance(o, iris.mem.SymmetricHeap) and not o.closed)
+
+
+def group_cycles_body(rank, world_size, cycles):
+    """new_group / collectives on it / destroy_process_group(group), again and again: what
+    each cycle leaves open (the group's communicator held a heap that held the group)."""
+    seen = []
+    groups = []
+    for _ in range(cycles):
+        group = dist.new_group(list(range(world_size)))
+        x = torch.ones(1000)
+        iris.ccl.all_reduce(x, x, group=group)
+        right = bool((x == world_size).all())
+        dist.destroy_process_group(group)
+        groups.append(weakref.ref(group))
+        del group
+        gc.collect()
+        alive = sum(g() is not None for g in groups)
+        seen.append((*_open_files_and_mappings(), _live_heaps(), alive, right))
+    return seen
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts /proc/self/fd and /proc/self/maps")
+def test_destroyed_groups_release_their_communicators():
+    """A group made with dist.new_group, used by iris.ccl and destroyed is released, with
+    iris.ccl's heap for it, at the latest when the next group is first used: each cycle kept
+    a heap (7 descriptors, 2 mappings, 4.5 MiB a rank)."""
+    cycles = 6
+    for rank, seen in enumerate(run_world(group_cycles_body, 2, cycles, timeout=120)):
+        assert all(right for *_, right in seen), f"rank {rank}: wrong sums {seen}"
+        (fds0, maps0, heaps0, _, _), (fds, maps, heaps, _, _) = seen[1], seen[-1]
+        assert heaps <= heaps0, f"rank {rank}: open heaps grew from {heaps0} to {heaps}: {seen}"
+        assert fds <= fds0, (
+            f"rank {rank}: open files grew from {fds0} to {fds} over {cycles - 2} cycles: {seen}"
+        )
+        assert maps <= maps0 + 2, f"rank {rank}: mappings grew from {maps0} to {maps}: {seen}"
+        assert all(alive <= 1 for *_, alive, _ in seen), f"rank {rank}: destroyed groups kept: {seen}"
+
+
+# --------------------------------------------------------------------------- one budget per call
+def late_two_shot_body(rank, world_size, budget):
+    """Rank 1 skips a two_shot all_reduce that rank 0 makes (rank 1 stays alive): rank 0's
+    call must end after about one IRIS_WAIT_TIMEOUT, not one per wait of the call."""
+    x = torch.ones(5000)
+    iris.ccl.all_reduce(x, x, config=iris.ccl.Config(variant="two_shot"))  # the group's state
+    seconds = None
+    if rank == 0:
+        started = time.monotonic()
+        with pytest.raises(iris.mem.DeviceWaitTimeout):
+            iris.ccl.all_reduce(x, x, config=iris.ccl.Config(variant="two_shot"))
+        seconds = time.monotonic() - started
+    dist.barrier()  # rank 1 waits here (on the host) meanwhile
+    return seconds
+
+
+def test_a_call_waits_at_most_one_budget():
+    """Every wait of a call gives up once the call has timed out (two_shot waited 4 budgets)."""
+    budget = 1.5
+    seconds = run_world(late_two_shot_body, 2, budget, env={**SHORT_WAIT, "IRIS_WAIT_TIMEOUT": str(budget)},
+                        timeout=120)[0]  # fmt: skip
+    assert budget <= seconds < 1.8 * budget, f"{seconds:.1f} s for a {budget} s budget"
+
+
+def _host_collectives() -> tuple[dict, list]:
+    """Count the host collectives of torch.distributed this process makes (patched in)."""
+    counts: dict[str, int] = {}
+    undo = []
+    for name in ("barrier", "all_gather_object", "broadcast_object_list", "gather_object", "all_reduce"):
+        real = getattr(dist, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+
+        setattr(dist, name, counted)
+        undo.append((name, real))
+    return counts, undo
+
+
+def first_uneven_body(rank, world_size):
+    """After an equal all_to_all (which makes the group's state, with host collectives),
+    the first uneven calls, staged and on heap outputs, make none."""
+    with iris.mem.init(1 << 22) as heap:
+        x = torch.ones(6 * world_size)
+        iris.ccl.all_to_all(torch.empty_like(x), x)
+        counts, undo = _host_collectives()
+        try:
+            for variant in ("auto", "boxed", "push"):
+                rows = [rank + j + 1 for j in range(world_size)]
+                back = [i + rank + 1 for i in range(world_size)]
+                for out in (torch.zeros(sum(back), 3), heap.zeros(sum(back), 3)):
+                    inp = torch.full((sum(rows), 3), float(rank))
+                    iris.ccl.all_to_all(out, inp, back, rows, config=iris.ccl.Config(variant=variant))
+                    want = torch.cat([torch.full((n, 3), float(i)) for i, n in enumerate(back)])
+                    assert torch.equal(out, want), (variant, out)
+        finally:
+            for name, real in undo:
+                setattr(dist, name, real)
+        heap.barrier()
+    return counts
+
+
+def test_first_uneven_calls_make_no_host_collective():
+    """The first uneven call ran a host barrier (zeroing a staging buffer) and, on heap
+    tensors, a host exchange and a barrier (a communicator on the caller's heap)."""
+    for rank, counts in enumerate(run_world(first_uneven_body, 3, timeout=120)):
+        assert counts == {}, f"rank {rank}: host collectives {counts}"

@@ -334,7 +334,8 @@ def test_uneven_bad_split_sizes():
 def debug_body(rank, world_size):
     """IRIS_DEBUG=1: split sizes that disagree across the ranks, a bad size on one rank
     only, one rank without split sizes and rows of another size each raise a ValueError on
-    every rank; a matching call works afterwards."""
+    every rank; a matching call works afterwards, and so do heap outputs of a different
+    length on each rank given as views of allocations of the same shape."""
     setup_rank()
     import iris.ccl as ccl
     import iris.mem
@@ -363,7 +364,20 @@ def debug_body(rank, world_size):
             messages[name] = None
     bad: list[str] = []
     one_case(bad, rank, g, "auto", "float32", "skewed", (3,), 800)
-    return {"messages": messages, "bad": bad, "cases": 1}
+    # Heap tensors whose lengths differ between the ranks: one allocation of the same shape
+    # everywhere (debug mode compares allocations), a view of this rank's rows passed.
+    m = splits("random", g, 810)
+    in_rows, out_rows = m[rank], [row[rank] for row in m]
+    with iris.mem.init(1 << 20) as heap:
+        hin = heap.zeros(max(sum(row) for row in m), 3)
+        hout = heap.zeros(max(sum(row[j] for row in m) for j in range(g)), 3)
+        for variant in ("push", "pull", "auto"):
+            x = make_input((sum(in_rows), 3), torch.float32, rank, 811)
+            inp, out = hin[: sum(in_rows)].copy_(x), hout[: sum(out_rows)]
+            ccl.all_to_all(out, inp, out_rows, in_rows, config=_cfg(variant))
+            _check(bad, out, inp, x, out_rows, in_rows, f"debug mode, {variant}, views of heap tensors")
+        heap.barrier()
+    return {"messages": messages, "bad": bad, "cases": 4}
 
 
 #: case -> what every rank's message must contain
@@ -383,7 +397,7 @@ def test_uneven_mismatch_raises_on_every_rank_in_debug_mode():
             assert message is not None, f"rank {rank}: {case}: no error"
             missing = [n for n in needles if n not in message]
             assert not missing, f"rank {rank}: {case}: message lacks {missing}: {message}"
-    _assert_clean(results, min_cases=1)
+    _assert_clean(results, min_cases=4)
 
 
 # --------------------------------------------------------------------------- GPUs: CUDA graphs

@@ -142,3 +142,71 @@ def last_send_body(rank, world_size):
 def test_receive_after_the_sender_ended_normally():
     got = run_world(last_send_body, 2, timeout=180)[0]
     assert got == [2.0 * i for i in range(50)]
+
+
+def uneven_after_all_reduces_body(rank, world_size, victim, how, on_heap):
+    """An uneven all_to_all, two small all_reduces (they write the staging buffer that holds
+    the uneven call's headers), then an uneven all_to_all that rank ``victim`` never enters: it is killed, it
+    raises, or (``how == "late"``) it comes later than the wait budget. The others must end
+    with an error, within the bounds of docs/failure-modes.md, never spin or crash on the
+    all_reduces' data left where the victim's header should be."""
+    dev = _device()
+    heap = iris.mem.init(1 << 20) if on_heap else None
+    rows = [(rank + j) % 3 + 1 for j in range(world_size)]  # rows sent to each rank
+    back = [(i + rank) % 3 + 1 for i in range(world_size)]  # rows received from each rank
+    inp = torch.full((sum(rows), 5), float(rank), device=dev)
+    out = heap.full((sum(back), 5), -1.0) if on_heap else torch.full((sum(back), 5), -1.0, device=dev)
+    variant = iris.ccl.Config(variant="push" if on_heap else "auto")
+    iris.ccl.all_to_all(out, inp, back, rows, config=variant)  # every rank: the group's state is made
+    for _ in range(2):  # 16 ll tiles per peer: they cover every box's header slot
+        x = torch.ones(16384, device=dev)
+        iris.ccl.all_reduce(x, x, config=iris.ccl.Config(variant="ll"))
+    _finish(x)
+    if rank == victim:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "raise":
+            raise RuntimeError("rank fails before the uneven call on purpose")
+        time.sleep(2.5 * iris.mem.wait_timeout())  # late: the others give up first
+    started = time.monotonic()
+    try:
+        iris.ccl.all_to_all(out, inp, back, rows, config=variant)
+        _finish(out)
+    except (iris.mem.AbortedError, iris.mem.DeviceWaitTimeout) as e:
+        return type(e).__name__, str(e), time.monotonic() - started
+    want = torch.cat([torch.full((n, 5), float(i)) for i, n in enumerate(back)])
+    return "ok", bool(torch.equal(out.cpu(), want)), time.monotonic() - started
+
+
+@pytest.mark.skipif(BACKEND == "cuda", reason="checked on the CPU tier")
+@pytest.mark.parametrize(
+    "how, on_heap",
+    [("kill", False), ("raise", True), ("late", False)],
+    ids=["sigkill-auto-plain", "raise-push-heap", "late-auto-plain"],
+)
+def test_uneven_all_to_all_after_small_all_reduces_with_a_dead_or_late_peer(how, on_heap):
+    """Every survivor raises: AbortedError naming the dead rank within 10 s of its death (the
+    watchdog's, well inside the 30 s budget), or for a peer later than IRIS_WAIT_TIMEOUT (2 s
+    here) DeviceWaitTimeout after about one budget; the late rank itself ends too (its data
+    arrived, or an error). They spun for ever on the all_reduces' data taken as the dead
+    peer's header (1077936128 rounds), or died of SIGSEGV pushing to the offsets in it."""
+    victim = WORLD - 1
+    env = {"IRIS_WAIT_TIMEOUT": "2" if how == "late" else "30"}
+    results = launch_world(uneven_after_all_reduces_body, WORLD, victim, how, on_heap, env=env, timeout=60)
+    if how != "late":
+        assert results[victim].exitcode != 0
+    for r in results:
+        if r.rank == victim and how != "late":
+            continue
+        assert r.ok, f"rank {r.rank}: {r.error}"
+        kind, detail, seconds = r.value
+        if r.rank == victim:  # late: it finds every peer's data, or a peer that gave up
+            assert kind in ("ok", "DeviceWaitTimeout", "AbortedError"), r.value
+            assert kind != "ok" or detail is True, f"late rank {victim}: wrong rows"
+            continue
+        if how == "late":
+            assert kind == "DeviceWaitTimeout" and f"rank {victim}" in detail, r.value
+            assert seconds < 2 * 2, f"rank {r.rank}: {seconds:.1f} s for a 2 s budget"
+        else:
+            assert kind == "AbortedError" and f"rank {victim} of the symmetric heap" in detail, r.value
+            assert seconds < 10, f"rank {r.rank}: {seconds:.1f} s"

@@ -115,3 +115,45 @@ def matched_body(rank, world_size):
 @pytest.mark.full
 def test_matched_calls_never_flagged():
     assert run_world(matched_body, WORLD, timeout=600) == [True] * WORLD
+
+
+def _uneven(rank, world_size, dtype=torch.float32, width=5, variant=None, heap=None, rows_of=2):
+    """An uneven all_to_all of ``rows_of`` rows per pair (small pairs: the ``ll`` way by
+    default), rows of ``width`` elements; ``heap``: the output on it."""
+    dev = _device()
+    rows = [rows_of] * world_size
+    inp = torch.full((sum(rows), width), float(rank), dtype=dtype, device=dev)
+    shape = (sum(rows), width)
+    out = heap.zeros(shape, dtype=dtype) if heap is not None else torch.zeros(shape, dtype=dtype, device=dev)
+    iris.ccl.all_to_all(out, inp, rows, rows, config=Config(variant=variant) if variant else None)
+    return out
+
+
+def uneven_mismatch_body(rank, world_size):
+    first = rank == 0
+    cases = [
+        ("dtype", lambda: _uneven(rank, world_size, torch.bfloat16 if first else torch.float32)),
+        ("row width", lambda: _uneven(rank, world_size, width=4 if first else 5)),
+        (
+            "ll dtype",
+            lambda: _uneven(rank, world_size, torch.int32 if first else torch.float32, variant="ll"),
+        ),
+        # bulk pairs too (rows above the ll limit of "auto"): headers and barriers both disagree
+        ("bulk width", lambda: _uneven(rank, world_size, width=300 if first else 301, rows_of=400)),
+    ]
+    results = [_case(rank, world_size, name, call) for name, call in cases]
+    out = _uneven(rank, world_size)  # the group works again
+    want = torch.cat([torch.full((2, 5), float(i)) for i in range(world_size)])
+    return results, bool(torch.equal(out.cpu(), want))
+
+
+def test_uneven_all_to_all_mismatch_raises_on_every_rank():
+    """Ranks that disagree on the dtype or the row width of an uneven all_to_all raise
+    CallMismatchError on every rank, like the other collectives, also where every pair is
+    small (the ll way: headers and tiles carry the call's signature in their flags); they
+    got garbage or zero rows before."""
+    for rank, (results, right) in enumerate(run_world(uneven_mismatch_body, WORLD, timeout=240)):
+        assert right, f"rank {rank}: the call after the mismatches gave wrong rows"
+        for name, message in results:
+            assert message is not None, f"rank {rank}: the {name} mismatch returned"
+            assert "all_to_all (uneven splits)(" in message, message

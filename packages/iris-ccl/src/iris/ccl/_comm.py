@@ -27,6 +27,9 @@ _log = get_logger(__name__)
 
 #: The staging buffers a communicator may make (iris.ccl's own heaps are sized for all).
 STAGING_NAMES = ("in", "out", "acc", "locks", "push", "ll")
+#: Those that kernels read flags or counters from, zeroed when made: on iris.ccl's own heaps
+#: they are made with the communicator (see :class:`Communicator`).
+ZEROED_STAGING = ("locks", "push", "ll")
 #: Bytes of one point-to-point tile: a mailbox slot is split into tiles of this size, each
 #: moved by one program with its own sequence counters (see p2p.py).
 P2P_TILE_BYTES = 16 << 10
@@ -66,6 +69,12 @@ class Communicator:
             nbytes = p2p_bytes(P2P_TILE_BYTES)
             self.p2p_mailbox = heap.empty(self.size * nbytes, dtype=torch.uint8)
             self.p2p_counters = heap.zeros(4 * self.size * (nbytes // P2P_TILE_BYTES), dtype=torch.int32)
+            # Buffers whose flags and counters peers write must be zero on every member before
+            # any peer writes them: zeroed here, before the barrier that ends the making of
+            # the communicator, so that no call needs a host barrier of its own later (made on
+            # first use they cost one, in the middle of a call that has none otherwise).
+            for name in ZEROED_STAGING:
+                self._staging[name] = heap.zeros(staging_bytes(self.capabilities), dtype=torch.uint8)
         heap.barrier()
         _log.debug(
             "communicator for group %s on %s heap (%d bytes, %s)",
@@ -157,12 +166,37 @@ _BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _communicators(group: dist.ProcessGroup | None) -> dict:
-    """The communicators of ``group`` (None: the default group); made empty on first use."""
+    """The communicators of ``group`` (None: the default group); made empty on first use,
+    after forgetting those of destroyed groups (:func:`_forget_destroyed`)."""
     key = dist.group.WORLD if group is None else group
     table = _BY_GROUP.get(key)
     if table is None:
+        _forget_destroyed()
         table = _BY_GROUP[key] = {}
     return table
+
+
+def _destroyed(group: dist.ProcessGroup) -> bool:
+    """Whether torch.distributed has destroyed ``group`` (it no longer knows its ranks)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except Exception:  # noqa: BLE001 - KeyError in torch 2.x; whatever a later torch raises
+        return True
+    return False
+
+
+def _forget_destroyed() -> None:
+    """Drop the communicators of groups that torch.distributed has destroyed, closing
+    iris.ccl's own heaps under them. The table is keyed weakly by the group, but a group's
+    own heap holds the group (its host collectives run over it), so an entry would keep its
+    key, and a heap a rank, alive forever. A destroyed group runs nothing more: its members
+    have left its collectives. Checked when a group is first used (rare: a new group), so
+    a destroyed group's state goes at the next first use of a group, or at exit."""
+    for key in list(_BY_GROUP.keys()):
+        if _destroyed(key):
+            for comm in _BY_GROUP.pop(key, {}).values():
+                if comm.owns_heap:
+                    comm.heap.close()
 
 
 def _every_communicator() -> list[Communicator]:
@@ -196,7 +230,7 @@ def in_place(
     table = _communicators(group)
     comm = table.get(heap)
     if comm is None:
-        _agree(group, collective, f"in place on a heap of {heap.heap_size} bytes")
+        _agree(group, collective, heap_kind(heap))
         comm = table[heap] = Communicator(heap, group_ranks(group), owns_heap=False)
         # closing the heap drops the communicator (its flags hold the heap's memory)
         heap.on_close(functools.partial(table.pop, heap, None))
@@ -204,17 +238,22 @@ def in_place(
 
 
 def own(
-    group: dist.ProcessGroup | None, device: torch.device, collective: str = "a collective"
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    collective: str = "a collective",
+    kind: str | None = None,
 ) -> Communicator:
     """The communicator on iris.ccl's own heap for ``group`` (made on first use, collectively;
-    ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers)."""
+    ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers). ``kind``: what the call that makes
+    it runs on, which the ranks agree on first (:func:`_agree`; default :data:`STAGED`: the
+    caller's tensors are copied through this heap)."""
     ranks = group_ranks(group)  # validates group
     table = _communicators(group)
     comm = table.get(None)
     if comm is None or comm.heap.closed:
         caps = iris.mem.capabilities(device)
         size = len(STAGING_NAMES) * staging_bytes(caps) + (8 << 20) + p2p_heap_bytes(len(ranks))
-        _agree(group, collective, STAGED)
+        _agree(group, collective, kind or STAGED)
         heap = iris.mem.init(size, backend=caps.backend, group=group)
         comm = table[None] = Communicator(heap, ranks, owns_heap=True)
     return comm
@@ -222,6 +261,11 @@ def own(
 
 #: The kind of a call whose tensors are copied through iris.ccl's own heap.
 STAGED = "staged through iris.ccl's own heap"
+
+
+def heap_kind(heap: SymmetricHeap) -> str:
+    """The kind of a call whose tensors are used in place on ``heap``."""
+    return f"in place on a heap of {heap.heap_size} bytes"
 
 
 def _agree(group: dist.ProcessGroup | None, collective: str, kind: str) -> None:

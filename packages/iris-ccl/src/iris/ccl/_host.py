@@ -11,7 +11,7 @@ import torch
 import triton
 
 import iris.mem
-from iris.mem import CallMismatchError, runtime
+from iris.mem import AbortedError, CallMismatchError, runtime
 from iris.mem.log import get_logger
 
 from . import _comm, variants
@@ -24,12 +24,24 @@ _log = get_logger(__name__)
 
 
 def check_tensor(t: Any, name: str) -> torch.Tensor:
-    """A clear TypeError for non-tensors and unsupported dtypes (and, in debug mode, an
-    error for a tensor in a freed range of a heap)."""
+    """A clear TypeError for non-tensors and unsupported dtypes; an error for a tensor on a
+    closed heap (and, in debug mode, in a freed range of a heap) or on an aborted heap."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     check_dtype(t.dtype, name)
     iris.mem.check_live(t, name)
+    heap = iris.mem.heap_of(t)
+    if heap is not None and heap.aborted:
+        # Refused like a closed heap's, whatever the call would do with it (a staged call
+        # would only read or write it locally, but nothing may use an aborted heap again).
+        try:
+            heap.get_device_context()  # raises the heap's own AbortedError: who failed, why
+        except AbortedError as e:
+            raise AbortedError(
+                f"{name} ({list(t.shape)}, {t.dtype}) lies on a symmetric heap that was aborted: {e}",
+                e.rank,
+                e.reason,
+            ) from None
     return t
 
 

@@ -94,15 +94,16 @@ def keep_waiting(start, budget, status, peer=None):
     than ``budget`` ns have passed and, once it has waited ``ABORT_POLL_NS``, the waits of its
     sync state were not stopped: by the host (``status[0] == STATUS_ABORTED``: the heap was
     aborted, or a peer process failed), by a call that does not match the peers'
-    (``STATUS_MISMATCH``, :func:`record_mismatch`), or, for a wait on heap rank ``peer``,
-    because that peer's process has ended (bit ``peer`` of ``status[4]``, set by the host).
-    ``status`` is the state's int64 status array; None: the budget alone. Every waiting loop
-    of Iris ends on it."""
+    (``STATUS_MISMATCH``, :func:`record_mismatch`), by a wait of the same state that already
+    gave up (a timeout recorded: the call has failed, so its later waits do not each take a
+    budget of their own), or, for a wait on heap rank ``peer``, because that peer's process
+    has ended (bit ``peer`` of ``status[4]``, set by the host). ``status`` is the state's int64
+    status array; None: the budget alone. Every waiting loop of Iris ends on it."""
     elapsed = global_timer() - start
     go = elapsed < budget
     if status is not None:
         late = elapsed > ABORT_POLL_NS
-        go = go & (tl.load(status, mask=late, other=0, volatile=True) < STATUS_ABORTED)
+        go = go & (tl.load(status, mask=late, other=0, volatile=True) == 0)  # nothing recorded
         if peer is not None:
             ended = tl.load(status + 4, mask=late, other=0, volatile=True)
             go = go & (((ended >> tl.cast(peer, tl.int64)) & 1) == 0)
