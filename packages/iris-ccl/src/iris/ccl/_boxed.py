@@ -38,6 +38,7 @@ from iris.mem.triton.group import enter_group
 from . import _host
 from ._plan import Plan
 from .triton import tiles
+from .triton.accumulate import convert
 from .triton.sync import advance_launch_counter, enter_launch
 from .variants import Variant
 
@@ -84,7 +85,7 @@ def _boxed_kernel(
         mask = offs < n
         if MODE == "all_reduce" or MODE == "reduce_scatter":
             acc = tiles.reduce_slots(own, bank, box_stride, offs, mask, ME, GROUP, OP, ACC_FP32)
-            tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+            tl.store(dst + offs, convert(acc, dst.dtype.element_ty), mask=mask)
         else:
             for i in tl.static_range(GROUP):
                 x = tl.load((own if i == ME else bank + i * box_stride) + offs, mask=mask)

@@ -47,6 +47,7 @@ from . import _host
 from ._plan import Plan
 from .config import Config
 from .triton import Group, tiles
+from .triton.accumulate import convert
 
 #: Pieces a copy_engine all_reduce is split into by default: two measured fastest at
 #: 256 MiB and 1 GiB on 2 x H200 (more pieces add a copy and barrier launch each).
@@ -80,7 +81,7 @@ def _reduce_kernel(
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     acc = tiles.reduce_slots(own, slots, stride, offs, mask, ME, GROUP, OP, ACC_FP32)
-    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + offs, convert(acc, dst.dtype.element_ty), mask=mask)
 
 
 def peer_view(comm, t: torch.Tensor, member: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """dtypes the kernels do not handle themselves, as torch.distributed with NCCL accepts them.
 
-The kernels move and reduce float32, float16, bfloat16, int32 and int64, and move float8.
+The kernels move and reduce float32, float16, bfloat16, int32, int64 and the float8 formats
+(float8_e4m3fn, float8_e5m2; floating types below fp32 accumulate in fp32).
 Every other dtype of 1, 2, 4 or 8 bytes (float64, int8, uint8, int16, bool, the unsigned
 types) reaches them through :func:`run`, a conversion of :mod:`iris.ccl.entry` that every
 public collective applies before anything else happens:
@@ -47,7 +48,10 @@ REDUCIBLE = (torch.float64, torch.int8, torch.uint8, torch.int16, torch.bool)
 #: its bytes in the one of its item size.
 _CARRIER = {1: _FP8[0] if _FP8 else None, 2: torch.float16, 4: torch.int32, 8: torch.int64}
 _REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
-_REDUCED_NAMES = "float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool and complex"
+_REDUCED_NAMES = (
+    "float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, float64, int8, uint8, int16, int32, int64, bool "
+    "and complex"
+)
 
 
 def converts(t: torch.Tensor) -> bool:

@@ -46,6 +46,7 @@ from iris.mem.utils import global_timer, keep_waiting, record_mismatch
 
 from . import _host
 from ._plan import Plan
+from .triton.accumulate import average, convert
 from .triton.sync import advance_launch_counter, combine, enter_launch, record_timeout
 from .variants import Variant
 
@@ -187,22 +188,22 @@ def _ll_kernel(
         mask = offs < n
         if MODE == "all_reduce" or MODE == "reduce_scatter":
             if ME == 0:
-                acc = tl.load(own + offs, mask=mask, other=0)
+                acc = tl.load(own + offs, mask=mask, other=0.0)
             else:
                 acc = _received(bank + first, flag, ctx, group, 0, BLOCK, ELEM)
             if ACC_FP32:
-                acc = acc.to(tl.float32)
+                acc = convert(acc, tl.float32)
             for i in tl.static_range(1, GROUP):
                 if i == ME:
-                    x = tl.load(own + offs, mask=mask, other=0)
+                    x = tl.load(own + offs, mask=mask, other=0.0)
                 else:
                     x = _received(bank + i * box_stride + first, flag, ctx, group, i, BLOCK, ELEM)
                 if ACC_FP32:
-                    x = x.to(tl.float32)
+                    x = convert(x, tl.float32)
                 acc = combine(acc, x, OP)
             if OP == "avg":
-                acc = acc / GROUP
-            tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+                acc = average(acc, GROUP)
+            tl.store(dst + offs, convert(acc, dst.dtype.element_ty), mask=mask)
         else:
             for i in tl.static_range(GROUP):
                 if i == ME:

@@ -25,6 +25,10 @@ Every other collective, and every collective over a non-uniform layout, relays t
 rank per node (the root's local index where every node has it, else the first rank):
 intra step to the relay, inter step among the relays, intra step from the relay.
 ``send``/``recv`` go through Iris within a node and torch.distributed between nodes.
+
+float8 tensors cross nodes as their bytes (gloo moves no float8), and are reduced in fp32:
+every stage of a reduction runs on an fp32 copy of the input and the result is rounded to
+float8 once, at the end, as on one node.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from .gather import gather
 from .nodes import NodeGroups
 from .p2p import recv, send
 from .reduce import reduce
-from .reduce_op import ReduceOp
+from .reduce_op import _FP8, ReduceOp, from_accumulator
 from .reduce_scatter import reduce_scatter
 from .scatter import scatter
 
@@ -65,6 +69,41 @@ def _write_reduced(out: torch.Tensor, result: torch.Tensor, op: ReduceOp, size: 
     out.copy_((result / size if op is ReduceOp.AVG else result).view(out.shape))
 
 
+def _float8_as_bytes(*names: str):
+    """A staged form that runs on the bytes (uint8 views) of float8 tensors ``names``:
+    gloo moves no float8 (the steps within a node move the bytes as they move float8)."""
+
+    def wrap(form):
+        @functools.wraps(form)
+        def run(groups: NodeGroups, args: dict) -> None:
+            given = {n: args[n] for n in names if isinstance(args.get(n), torch.Tensor)}
+            form(groups, {**args, **{n: t.view(torch.uint8) for n, t in given.items() if t.dtype in _FP8}})
+
+        return run
+
+    return wrap
+
+
+def _float8_in_fp32(form):
+    """A staged reduction that reduces float8 tensors in fp32 and rounds once at the end, as
+    the kernels do on one node (torch.distributed reduces no float8, and rounding the result
+    of each stage would round more than once)."""
+
+    @functools.wraps(form)
+    def run(groups: NodeGroups, args: dict) -> None:
+        inp, out = args["inp"], args["out"]
+        if inp.dtype not in _FP8:
+            return form(groups, args)
+        # reduce writes out on its destination only
+        writes = out is not None and args.get("dst", dist.get_rank()) == dist.get_rank()
+        wide = torch.empty(out.shape, dtype=torch.float32, device=out.device) if writes else None
+        form(groups, {**args, "inp": inp.float(), "out": wide})
+        if writes:
+            out.copy_(from_accumulator(wide, out.dtype))
+
+    return run
+
+
 def _op(op, dtype: torch.dtype) -> ReduceOp:
     """The reduction ``op`` parsed and checked for ``dtype``."""
     parsed = ReduceOp.parse(op)
@@ -73,6 +112,7 @@ def _op(op, dtype: torch.dtype) -> ReduceOp:
 
 
 @entry.staged_form("all_reduce")
+@_float8_in_fp32
 def _all_reduce(groups: NodeGroups, args: dict) -> None:
     _all_reduce_tensors(groups, args["out"], args["inp"], args["op"], args["config"])
 
@@ -114,6 +154,7 @@ def _all_reduce_tensors(groups: NodeGroups, out, inp, op, config) -> None:
 
 
 @entry.staged_form("all_gather")
+@_float8_as_bytes("out", "inp")
 def _all_gather(groups: NodeGroups, args: dict) -> None:
     out, inp, config = args["out"], args["inp"], args["config"]
     m, dtype, device = inp.numel(), inp.dtype, inp.device
@@ -160,6 +201,7 @@ def _gather_everything(groups: NodeGroups, x, config) -> torch.Tensor:
 
 
 @entry.staged_form("reduce_scatter")
+@_float8_in_fp32
 def _reduce_scatter(groups: NodeGroups, args: dict) -> None:
     out, inp, op, config = args["out"], args["inp"], args["op"], args["config"]
     op = _op(op, inp.dtype)
@@ -186,6 +228,7 @@ def _reduce_scatter(groups: NodeGroups, args: dict) -> None:
 
 
 @entry.staged_form("all_to_all")
+@_float8_as_bytes("out", "inp")
 def _all_to_all(groups: NodeGroups, args: dict) -> None:
     out, inp, config = args["out"], args["inp"], args["config"]
     if args["output_split_sizes"] is not None or args["input_split_sizes"] is not None:
@@ -254,6 +297,7 @@ def _all_to_all_uneven(groups: NodeGroups, out, inp, output_split_sizes, input_s
 
 
 @entry.staged_form("broadcast")
+@_float8_as_bytes("tensor")
 def _broadcast(groups: NodeGroups, args: dict) -> None:
     tensor, src, config = args["tensor"], args["src"], args["config"]
     relay, node = groups.relay(src)
@@ -271,6 +315,7 @@ def _broadcast(groups: NodeGroups, args: dict) -> None:
 
 
 @entry.staged_form("reduce")
+@_float8_in_fp32
 def _reduce(groups: NodeGroups, args: dict) -> None:
     out, inp, dst, op, config = args["out"], args["inp"], args["dst"], args["op"], args["config"]
     op = _op(op, inp.dtype)
@@ -289,6 +334,7 @@ def _reduce(groups: NodeGroups, args: dict) -> None:
 
 
 @entry.staged_form("gather")
+@_float8_as_bytes("out", "inp")
 def _gather(groups: NodeGroups, args: dict) -> None:
     out, inp, dst, config = args["out"], args["inp"], args["dst"], args["config"]
     m, dtype, device = inp.numel(), inp.dtype, inp.device
@@ -319,6 +365,7 @@ def _gather(groups: NodeGroups, args: dict) -> None:
 
 
 @entry.staged_form("scatter")
+@_float8_as_bytes("out", "inp")
 def _scatter(groups: NodeGroups, args: dict) -> None:
     out, inp, src, config = args["out"], args["inp"], args["src"], args["config"]
     m, dtype, device = out.numel(), out.dtype, out.device
@@ -373,8 +420,8 @@ def _point_to_point(groups: NodeGroups, args: dict, sending: bool) -> None:
             tensor.copy_(buf)
 
 
-entry.staged_form("send")(functools.partial(_point_to_point, sending=True))
-entry.staged_form("recv")(functools.partial(_point_to_point, sending=False))
+entry.staged_form("send")(_float8_as_bytes("tensor")(functools.partial(_point_to_point, sending=True)))
+entry.staged_form("recv")(_float8_as_bytes("tensor")(functools.partial(_point_to_point, sending=False)))
 
 
 @entry.staged_form("barrier")

@@ -31,8 +31,10 @@ per tile instead, since a peer may still read the tile it overwrites).
 * ``atomic``: every rank adds its input into every member's accumulator with atomics.
 * ``spinlock``: like ``atomic``, but read-add-write under a per-tile lock on the target.
 
-Half types accumulate in fp32 in every variant (``atomic`` and ``spinlock`` through an
-fp32 accumulator in the workspace).
+Floating types below fp32 (fp16, bf16 and the float8 formats) accumulate in fp32 in every
+variant and are rounded once, when the result is stored (``ring`` keeps its partial sums in
+an fp32 workspace, ``atomic`` and ``spinlock`` accumulate in an fp32 workspace); float8
+results saturate to the format's finite range (see "Float8" in the collectives' docs).
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ from iris.mem.triton.group import enter_group
 from . import _boxed, _comm, _copy_engine, _host, _plan, entry
 from ._plan import Plan
 from .config import Config
-from .reduce_op import ReduceOp
+from .reduce_op import ReduceOp, from_accumulator
 from .triton import tiles
+from .triton.accumulate import convert
 from .variants import Variant
 from .work import Work
 
@@ -150,7 +153,7 @@ def _two_shot_push_kernel(
         lanes = t * BLOCK + tl.arange(0, BLOCK)
         mask = lanes < chunk
         acc = tiles.reduce_slots(src + mine, dst, chunk, lanes, mask, ME, GROUP, OP, ACC_FP32)
-        tl.store(dst + mine + lanes, acc.to(dst.dtype.element_ty), mask=mask)
+        tl.store(dst + mine + lanes, convert(acc, dst.dtype.element_ty), mask=mask)
         t += tl.num_programs(0)
     group.sync(ctx, pid)
     t = pid
@@ -262,7 +265,7 @@ def _atomic(plan: Plan, locked: bool) -> None:
         grid = _host.persistent_grid(comm, cfg, dst.numel())
         locks = comm.staging("locks", grid * 4, zero=True).view(torch.int32)
         _host.launch(_atomic_kernel, grid, comm, cfg, src, acc, locks, dst.numel(), LOCKED=locked)
-        dst.copy_(acc / comm.size if plan.op is ReduceOp.AVG else acc)
+        dst.copy_(from_accumulator(acc / comm.size if plan.op is ReduceOp.AVG else acc, dst.dtype))
 
 
 def _two_shot_push(plan: Plan) -> None:

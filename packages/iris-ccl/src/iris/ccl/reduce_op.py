@@ -29,8 +29,9 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unsupported reduce op {op!r}; use one of SUM, AVG, MAX, MIN") from None
 
 
-#: dtypes every collective moves; reductions accumulate half types in fp32.
+#: dtypes every collective moves and reduces; reductions accumulate floating types in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+#: The float8 formats, moved and reduced too (fp32 accumulation, one saturating rounding).
 _FP8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d)
 
 
@@ -42,13 +43,17 @@ def check_dtype(dtype: torch.dtype, what: str) -> None:
 
 
 def check_op(op: ReduceOp, dtype: torch.dtype) -> None:
-    """AVG is defined for floating types only, and float8 types are moved but not reduced
-    (as in torch.distributed with NCCL)."""
-    if dtype in _FP8:
-        raise TypeError(
-            f"iris.ccl reduces float32, float16, bfloat16, int32 and int64, not {dtype}; float8 tensors "
-            "can be moved (all_gather, all_to_all, broadcast, scatter, gather, send/recv): upcast to "
-            "bfloat16 or float16 to reduce them"
-        )
+    """AVG is defined for floating types only."""
     if op is ReduceOp.AVG and not dtype.is_floating_point:
         raise ValueError(f"ReduceOp.AVG needs a floating-point dtype, got {dtype}; use SUM and divide")
+
+
+def from_accumulator(acc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 accumulator ``acc`` of a reduction in the element type ``dtype``, rounded as
+    the kernels round (:mod:`iris.ccl.triton.accumulate`): float8 saturates to its finite
+    range (infinities too; NaN stays NaN) and rounds to nearest even; other types convert as
+    torch converts."""
+    if dtype in _FP8:
+        limit = torch.finfo(dtype).max
+        acc = acc.clamp(-limit, limit)  # torch's own conversion would give NaN or inf
+    return acc.to(dtype)

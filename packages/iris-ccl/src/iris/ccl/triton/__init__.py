@@ -1,7 +1,10 @@
-"""Device side of iris.ccl: the :class:`Group` a collective runs over, its barrier, and
-the tile collectives the host collectives are built from (callable from user kernels)."""
+"""Device side of iris.ccl: the :class:`Group` a collective runs over, its barrier, the
+tile collectives the host collectives are built from (callable from user kernels), and
+:func:`convert`, the reductions' conversion into and out of their fp32 accumulator (float8
+included, the same bits compiled and interpreted)."""
 
-from . import tiles
+from . import accumulate, tiles
+from .accumulate import convert
 from .group import Group
 from .sync import combine, group_sync, record_timeout
 from .tiles import (
@@ -25,6 +28,7 @@ from .tiles import (
 )
 
 __all__ = [
+    "accumulate",
     "tiles",
     "Group",
     "all_gather_pull",
@@ -38,6 +42,7 @@ __all__ = [
     "all_to_all_push",
     "broadcast_pull",
     "combine",
+    "convert",
     "gather_pull",
     "group_sync",
     "record_timeout",

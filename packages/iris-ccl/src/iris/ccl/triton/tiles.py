@@ -12,6 +12,7 @@ import triton.language as tl
 
 from iris.mem.utils import global_timer, keep_waiting
 
+from .accumulate import average, convert
 from .sync import combine, record_timeout, thread_fence
 
 
@@ -22,17 +23,19 @@ def reduce_tile(
 ):  # fmt: skip
     """Reduction of ``src[offs]`` over the members (pulled from each heap, in member order,
     so every rank computes bitwise the same result). Returns the accumulator (fp32 for
-    floating types when ``ACC_FP32``); AVG is divided by the group size."""
-    acc = ctx.load(src + offs, group.rank(0), mask=mask, other=0, hint=HINT)
+    floating types when ``ACC_FP32``); AVG is divided by the group size. (Masked lanes of
+    the reductions' loads read ``0.0``, a float: Triton's interpreter cannot cast an integer
+    to float8.)"""
+    acc = ctx.load(src + offs, group.rank(0), mask=mask, other=0.0, hint=HINT)
     if ACC_FP32:
-        acc = acc.to(tl.float32)
+        acc = convert(acc, tl.float32)
     for i in tl.static_range(1, group.size):
-        x = ctx.load(src + offs, group.rank(i), mask=mask, other=0, hint=HINT)
+        x = ctx.load(src + offs, group.rank(i), mask=mask, other=0.0, hint=HINT)
         if ACC_FP32:
-            x = x.to(tl.float32)
+            x = convert(x, tl.float32)
         acc = combine(acc, x, OP)
     if OP == "avg":
-        acc = acc / group.size
+        acc = average(acc, group.size)
     return acc
 
 
@@ -53,7 +56,7 @@ def all_reduce_one_shot(
     acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32, HINT)
     if SYNC:
         group.sync(ctx, slot)
-    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + offs, convert(acc, dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -75,7 +78,7 @@ def all_reduce_two_shot(
     if SYNC:
         group.sync(ctx, slot)
     if owner == group.index:
-        acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32, HINT).to(dst.dtype.element_ty)
+        acc = convert(reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32, HINT), dst.dtype.element_ty)
         store_everywhere(ctx, group, dst + offs, acc, mask, HINT)
     if SYNC:
         group.sync(ctx, slot)
@@ -98,25 +101,25 @@ def all_reduce_ring(
         offs = base + ((group.index + 2 * group.size - 1 - s) % group.size) * BLOCK + lanes
         mask = offs < n
         if s == 0:
-            theirs = ctx.load(src + offs, left, mask=mask, other=0)
+            theirs = ctx.load(src + offs, left, mask=mask, other=0.0)
         else:
-            theirs = ctx.load(part + offs, left, mask=mask, other=0)
-        mine = tl.load(src + offs, mask=mask, other=0)
+            theirs = ctx.load(part + offs, left, mask=mask, other=0.0)
+        mine = tl.load(src + offs, mask=mask, other=0.0)
         if ACC_FP32:
-            partial = combine(theirs.to(tl.float32), mine.to(tl.float32), OP)
+            partial = combine(convert(theirs, tl.float32), convert(mine, tl.float32), OP)
         else:
             partial = combine(theirs, mine, OP)
         if s == group.size - 2:
             if OP == "avg":
-                partial = partial / group.size
-            tl.store(dst + offs, partial.to(dst.dtype.element_ty), mask=mask)
+                partial = average(partial, group.size)
+            tl.store(dst + offs, convert(partial, dst.dtype.element_ty), mask=mask)
         else:
             tl.store(part + offs, partial.to(part.dtype.element_ty), mask=mask)
         group.sync(ctx, slot)
     for s in tl.static_range(group.size - 1):
         offs = base + ((group.index + group.size - s) % group.size) * BLOCK + lanes
         mask = offs < n
-        tl.store(dst + offs, ctx.load(dst + offs, left, mask=mask, other=0), mask=mask)
+        tl.store(dst + offs, ctx.load(dst + offs, left, mask=mask, other=0.0), mask=mask)
         group.sync(ctx, slot)
 
 
@@ -124,7 +127,7 @@ def all_reduce_ring(
 def all_reduce_atomic(ctx, group, src, acc, offs, mask, slot):
     """SUM into every member's accumulator ``acc`` (heap, accumulation dtype) with atomics:
     zero the local tile, barrier, add, barrier."""
-    x = tl.load(src + offs, mask=mask, other=0).to(acc.dtype.element_ty)
+    x = convert(tl.load(src + offs, mask=mask, other=0.0), acc.dtype.element_ty)
     tl.store(acc + offs, tl.zeros_like(x), mask=mask)
     group.sync(ctx, slot)
     for i in tl.static_range(group.size):
@@ -142,7 +145,7 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
     one thread's acquire and release order only what a CTA barrier made visible, and the
     next holder on another GPU must see all of this tile's stores. A lock not obtained
     within the budget is recorded as a timeout."""
-    x = tl.load(src + offs, mask=mask, other=0).to(acc.dtype.element_ty)
+    x = convert(tl.load(src + offs, mask=mask, other=0.0), acc.dtype.element_ty)
     tl.store(acc + offs, tl.zeros_like(x), mask=mask)
     group.sync(ctx, slot)
     for i in tl.static_range(group.size):
@@ -154,7 +157,7 @@ def all_reduce_spinlock(ctx, group, src, acc, offs, mask, lock, slot):
         if held == 0:
             tl.debug_barrier()
             thread_fence()  # no thread reads the accumulator before the lock is held
-            old = ctx.load(acc + offs, peer, mask=mask, other=0, volatile=True)
+            old = ctx.load(acc + offs, peer, mask=mask, other=0.0, volatile=True)
             ctx.store(acc + offs, old + x, peer, mask=mask)
             thread_fence()  # every thread's stores are performed before the release
             tl.debug_barrier()
@@ -221,7 +224,7 @@ def reduce_scatter_pull(
     )
     if SYNC:
         group.sync(ctx, slot)
-    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + offs, convert(acc, dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -263,7 +266,7 @@ def reduce_scatter_push_reduce(
     slots of the tile in member order into the local ``dst``."""
     own = ws + tl.cast(group.index, tl.int64) * ws_per_rank
     acc = reduce_slots(own, ws, ws_per_rank, offs, mask, group.index, group.size, OP, ACC_FP32)
-    tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + offs, convert(acc, dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -275,16 +278,16 @@ def reduce_slots(
     :func:`reduce_tile`): member ``i``'s data is at ``own + offs`` for ``i == ME`` and at
     ``slots + i * stride + offs`` otherwise (the contributions a push-based collective has
     stored into this rank's memory). Returns the accumulator; AVG is divided by ``GROUP``."""
-    acc = tl.load((own if ME == 0 else slots) + offs, mask=mask, other=0)
+    acc = tl.load((own if ME == 0 else slots) + offs, mask=mask, other=0.0)
     if ACC_FP32:
-        acc = acc.to(tl.float32)
+        acc = convert(acc, tl.float32)
     for i in tl.static_range(1, GROUP):
-        x = tl.load((own if i == ME else slots + tl.cast(i, tl.int64) * stride) + offs, mask=mask, other=0)
+        x = tl.load((own if i == ME else slots + tl.cast(i, tl.int64) * stride) + offs, mask=mask, other=0.0)
         if ACC_FP32:
-            x = x.to(tl.float32)
+            x = convert(x, tl.float32)
         acc = combine(acc, x, OP)
     if OP == "avg":
-        acc = acc / GROUP
+        acc = average(acc, GROUP)
     return acc
 
 
@@ -355,7 +358,7 @@ def reduce_pull(
     group.sync(ctx, slot)
     if group.index == root:
         acc = reduce_tile(ctx, group, src, offs, mask, OP, ACC_FP32)
-        tl.store(dst + offs, acc.to(dst.dtype.element_ty), mask=mask)
+        tl.store(dst + offs, convert(acc, dst.dtype.element_ty), mask=mask)
     group.sync(ctx, slot)
 
 
