@@ -64,9 +64,30 @@ KERNEL_TYPES = {
         "row": "i64", "ll_limit": "i64",
     },
 }  # fmt: skip
+#: The float8 formats, as Triton names them in signatures, and as PTX names them.
+FP8_FORMATS = {"fp8e4nv": "e4m3", "fp8e5": "e5m2"}
+#: Kernels that reduce, each compiled for float8 too (one profile each, the formats and
+#: ops alternating): the PTX must convert float8 to fp32 and back with the hardware's
+#: conversions (see _check_fp8_conversions). The atomic all-reduce only widens (its fp32
+#: accumulator is rounded on the host).
+FP8_REDUCTIONS = {
+    "iris.ccl.all_reduce._one_shot_kernel": {"dtype": "fp8e4nv", "OP": "sum"},
+    "iris.ccl.all_reduce._two_shot_kernel": {"dtype": "fp8e5", "OP": "avg"},
+    "iris.ccl.all_reduce._two_shot_push_kernel": {
+        "dtype": "fp8e4nv", "OP": "max", "GROUP": 3, "ME": 2, "RANK": 3,
+    },
+    "iris.ccl.all_reduce._ring_kernel": {"dtype": "fp8e5", "OP": "sum", "GROUP": 3, "ME": 0, "RANK": 0},
+    "iris.ccl.all_reduce._atomic_kernel": {"dtype": "fp8e5", "LOCKED": True},
+    "iris.ccl._boxed._boxed_kernel": {"dtype": "fp8e5", "OP": "min"},
+    "iris.ccl._ll._ll_kernel": {"dtype": "fp8e5", "OP": "avg", "GROUP": 3, "ME": 2, "RANK": 3},
+    "iris.ccl._copy_engine._reduce_kernel": {"dtype": "fp8e4nv", "OP": "avg"},
+    "iris.ccl.reduce_scatter._pull_kernel": {"dtype": "fp8e5", "OP": "max", "MODE": "reduce_scatter"},
+    "iris.ccl.reduce_scatter._push_kernel": {"dtype": "fp8e4nv", "OP": "sum", "MODE": "reduce_scatter"},
+    "iris.ccl._rooted._rooted_kernel": {"dtype": "fp8e4nv", "KIND": "reduce", "OP": "min"},
+}  # fmt: skip
 #: Kernels compiled for more element types than the profiles' (profile 0 with these
-#: changes): ll packs elements of 1, 2, 4 and 8 bytes into words (fp8 is moved, not
-#: reduced), in every mode.
+#: changes): ll packs elements of 1, 2, 4 and 8 bytes into words, in every mode (float8
+#: reduced in FP8_REDUCTIONS).
 EXTRA_PROFILES = {
     "iris.ccl._ll._ll_kernel": (
         {"dtype": "fp16"}, {"dtype": "i64"}, {"dtype": "fp8e4nv", "MODE": "all_gather"},
@@ -140,7 +161,7 @@ def signature_for(
     """(signature, constexprs, aligned pointer names, unknown parameter names) of ``fn``."""
     overrides = overrides or {}
     dtype = profile["dtype"]
-    acc = "fp32" if dtype in ("fp32", "fp16", "bf16") else dtype
+    acc = "fp32" if dtype in ("fp32", "fp16", "bf16", *FP8_FORMATS) else dtype
     sig: dict = {}
     constexprs: dict = {}
     aligned: list[str] = []
@@ -297,6 +318,23 @@ def _check_uneven(ptx: str, profile: dict) -> list[str]:
     return []
 
 
+def _check_fp8_conversions(ptx: str, dtype: str, narrows: bool = True) -> list[str]:
+    """Problems with a float8 reduction kernel's PTX: it must widen float8 to fp32 with the
+    hardware's conversion (``cvt.rn.f16x2.e4m3x2``, then to fp32) and, where it stores the
+    result (``narrows``), round fp32 to float8 with the saturating one
+    (``cvt.rn.satfinite.e4m3x2.f32``); the e5m2 forms for ``fp8e5``."""
+    fmt = FP8_FORMATS[dtype]
+    wanted = [rf"\bcvt\.rn\.f16x2\.{fmt}x2\b"] + (
+        [rf"\bcvt\.rn\.satfinite\.{fmt}x2\.f32\b"] if narrows else []
+    )
+    return [f"no {w} (float8 {fmt} conversion)" for w in wanted if not re.search(w, ptx)]
+
+
+def _conversions(ptx: str) -> list[str]:
+    """The float8 conversion instructions of ``ptx`` (for the report)."""
+    return sorted({m.group(0) for m in re.finditer(r"\bcvt\.\S*(e4m3|e5m2)\S*", ptx)})
+
+
 def child_main() -> dict:
     """Entry point of the child: {"skip": reason} or {"failures", "kernels", "control"}."""
     try:
@@ -318,9 +356,13 @@ def child_main() -> dict:
     kernels, errors = discover()
     failures += errors
     compiled: dict[str, int] = {}
+    fp8: dict[str, list[str]] = {}
     for qualname, fn in kernels:
         unknown_all: set[str] = set()
-        extra = [dict(PROFILES[0], **changes) for changes in EXTRA_PROFILES.get(qualname, ())]
+        changes_list = EXTRA_PROFILES.get(qualname, ()) + (
+            (dict(FP8_REDUCTIONS[qualname], FP8_REDUCTION=True),) if qualname in FP8_REDUCTIONS else ()
+        )
+        extra = [dict(PROFILES[0], **changes) for changes in changes_list]
         for i, profile in enumerate(PROFILES + extra):
             sig, constexprs, aligned, unknown = signature_for(fn, profile, KERNEL_TYPES.get(qualname))
             if unknown:
@@ -343,6 +385,12 @@ def child_main() -> dict:
                 failures += [f"{what}: {p}" for p in _check_ll(k.asm["ptx"])]
             if qualname == "iris.ccl._uneven._uneven_kernel":
                 failures += [f"{what}: {p}" for p in _check_uneven(k.asm["ptx"], profile)]
+            if profile.get("FP8_REDUCTION"):
+                narrows = qualname != "iris.ccl.all_reduce._atomic_kernel"
+                failures += [
+                    f"{what}: {p}" for p in _check_fp8_conversions(k.asm["ptx"], profile["dtype"], narrows)
+                ]
+                fp8[qualname] = _conversions(k.asm["ptx"])
             if constexprs.get("PDL"):
                 failures += [f"{what}: {p}" for p in _check_pdl(k.asm["ptx"])]
             if fn.is_gluon() and profile.get("HINT") == 16 and _thread_bytes(profile) >= 16:
@@ -360,6 +408,7 @@ def child_main() -> dict:
         "kernels": [q for q, _ in kernels],
         "gluon": [q for q, fn in kernels if fn.is_gluon()],
         "compiled": compiled,
+        "fp8": fp8,
         "control": control,
     }
 
@@ -411,7 +460,8 @@ def test_every_ccl_kernel_compiles_for_hopper():
         assert f"iris.ccl.all_reduce.{name}" in kernels, f"{name} was not discovered; found {kernels}"
     assert "iris.ccl._ll._ll_kernel" in kernels, kernels
     for name in kernels:
-        assert result["compiled"].get(name) == len(PROFILES) + len(EXTRA_PROFILES.get(name, ())), (
+        profiles = len(PROFILES) + len(EXTRA_PROFILES.get(name, ())) + (name in FP8_REDUCTIONS)
+        assert result["compiled"].get(name) == profiles, (
             f"{name} compiled {result['compiled'].get(name)} times"
         )
 
@@ -491,3 +541,27 @@ def test_ptx_checks_catch_gpu_scope():
     assert len(_check_sys_ordering(ptx)) == 2
     ptx = "atom.global.sys.release.max.s32 %r1, [%rd1], %r2;\nld.global.sys.acquire.b32 %r3, [%rd2];"
     assert _check_sys_ordering(ptx) == []
+
+
+def test_fp8_reductions_compile_with_hardware_conversions():
+    """Every reducing kernel compiled for a float8 format (both formats among them) and its
+    PTX converts with the hardware's instructions: float8 -> f16x2 -> fp32 on load and
+    ``cvt.rn.satfinite`` (round to nearest even, saturating) on store (checked in the child)."""
+    result = _result()
+    fp8 = [f for f in result["failures"] if "float8" in f]
+    assert fp8 == [], "\n".join(fp8)
+    assert sorted(result["fp8"]) == sorted(FP8_REDUCTIONS), result["fp8"]
+    seen = {c for conversions in result["fp8"].values() for c in conversions}
+    for fmt in FP8_FORMATS.values():
+        assert f"cvt.rn.satfinite.{fmt}x2.f32" in seen and f"cvt.rn.f16x2.{fmt}x2" in seen, sorted(seen)
+
+
+def test_fp8_check_catches_missing_conversions():
+    """Negative control of the float8 check: PTX that widens but stores without the
+    saturating conversion (or converts the other format) fails it."""
+    widen = "cvt.rn.f16x2.e4m3x2 %r1, %rs1;\ncvt.f32.f16 %r2, %rs2;\n"
+    narrow = "cvt.rn.satfinite.e4m3x2.f32 %rs3, %r4, %r5;\n"
+    assert _check_fp8_conversions(widen + narrow, "fp8e4nv") == []
+    assert len(_check_fp8_conversions(widen, "fp8e4nv")) == 1
+    assert _check_fp8_conversions(widen, "fp8e4nv", narrows=False) == []
+    assert len(_check_fp8_conversions(widen + narrow, "fp8e5")) == 2
