@@ -363,7 +363,7 @@ def collectives_body(rank, world, full):
 
     with iris.mem.init(1 << 24) as heap:
         c = Checker(rank, world, heap)
-        sizes = (7, 1001, 4099) if full else (1001,)
+        sizes = (7, 2053) if full else (1001,)
         k = 0
         for dtype in FP8:
             for collective, names in (
@@ -410,10 +410,11 @@ def test_fp8_collectives_match_the_contract():
 @pytest.mark.full
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_fp8_collectives_every_combination(world_size):
-    """Every variant x op x format x size (7, 1001, 4099), plain and heap tensors."""
+    """Every variant x op x format x size (7, and 2053: three tiles of the interpreter), plain and
+    heap tensors."""
     require_world(world_size)
     results = run_world(collectives_body, world_size, True, timeout=WORLD_TIMEOUT)
-    _assert_clean(results, min_cases=300)
+    _assert_clean(results, min_cases=290)
 
 
 # --------------------------------------------------------------------------- custom ops and auto

@@ -21,7 +21,7 @@ import torch
 
 from . import _comm, _host, variants
 from .config import Config
-from .reduce_op import ReduceOp
+from .reduce_op import ReduceOp, from_accumulator
 from .variants import Variant
 from .work import Work
 
@@ -117,8 +117,8 @@ def run(
     variant.check_op(rop)
     if count == 0:
         return _host.finish(comm, async_op)
-    if comm.size == 1:
-        dst.copy_(src)
+    if comm.size == 1:  # a reduction over one member rounds as any does (float8: saturates)
+        dst.copy_(src if rop is None else from_accumulator(src, dst.dtype))
     else:
         variant, plan = _fallback(variant, Plan(collective, comm, cfg, in_place, src, dst, count, rop, group))
         signature = {"count": count, "dtype": src.dtype, "op": plan.op_value, "variant": plan.cfg.variant}

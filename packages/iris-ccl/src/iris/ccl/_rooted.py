@@ -22,6 +22,7 @@ from iris.mem.triton.group import enter_group
 
 from . import _host
 from .config import Config
+from .reduce_op import from_accumulator
 from .triton import tiles
 
 
@@ -86,8 +87,8 @@ def execute(
     group of one (a local copy), or :func:`run`; then the result into a non-contiguous
     ``out`` (where this rank has a result: ``dst_all`` not None) and the
     :class:`~iris.ccl.work.Work` handle when ``async_op``."""
-    if count and comm.size == 1:
-        dst_all.copy_(src_all)
+    if count and comm.size == 1:  # a reduction over one member rounds as any does (float8: saturates)
+        dst_all.copy_(from_accumulator(src_all, dst_all.dtype) if kind == "reduce" else src_all)
     elif count:
         run(kind, comm, cfg, count, itemsize, in_place, buffers, root, **meta)
     if dst_all is not None:

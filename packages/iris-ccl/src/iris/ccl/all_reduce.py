@@ -245,14 +245,14 @@ def _two_shot(plan: Plan, src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 def _ring(plan: Plan, src: torch.Tensor, dst: torch.Tensor) -> None:
-    # partial sums: dst itself, or an fp32 buffer for half types
+    # partial sums: dst itself, or an fp32 buffer for half and float8 types
     part = plan.comm.staging_like("acc", dst, dtype=torch.float32) if _widens(dst.dtype) else dst
     grid = _host.persistent_grid(plan.comm, plan.cfg, _host.cdiv(dst.numel(), plan.comm.size))
     _host.launch(_ring_kernel, grid, plan.comm, plan.cfg, src, part, dst, dst.numel(), **_reduction(plan))
 
 
 def _widens(dtype: torch.dtype) -> bool:
-    """Whether partial sums of ``dtype`` need a wider type (fp32 for half types)."""
+    """Whether partial sums of ``dtype`` need a wider type (fp32 for half and float8 types)."""
     return _host.acc_dtype(dtype) != dtype
 
 
@@ -310,7 +310,7 @@ REGISTERED = (
     _variant(name="two_shot_push", run=_two_shot_push, disjoint=True, fallback="two_shot"),
     # the copies need the output on the heap; staging would add a local pass each way
     _variant(name="copy_engine", run=_copy_engine_run, in_place=True, disjoint=True, fallback="two_shot"),
-    # ring keeps partial sums of half types in an fp32 workspace
+    # ring keeps partial sums of half and float8 types in an fp32 workspace
     _variant(name="ring", run=functools.partial(_tiled, launch=_ring), workspace=_widens),
     # atomic and spinlock accumulate in a workspace of their own
     _variant(name="atomic", run=functools.partial(_atomic, locked=False), workspace=True, **_SUM_AVG),

@@ -49,11 +49,11 @@ def check_op(op: ReduceOp, dtype: torch.dtype) -> None:
 
 
 def from_accumulator(acc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The fp32 accumulator ``acc`` of a reduction in the element type ``dtype``, rounded as
-    the kernels round (:mod:`iris.ccl.triton.accumulate`): float8 saturates to its finite
-    range (infinities too; NaN stays NaN) and rounds to nearest even; other types convert as
-    torch converts."""
+    """The accumulator ``acc`` of a reduction (fp32, or for a group of one the input itself)
+    in the element type ``dtype``, rounded as the kernels round
+    (:mod:`iris.ccl.triton.accumulate`): float8 saturates to its finite range (infinities
+    too; NaN stays NaN) and rounds to nearest even; other types convert as torch converts."""
     if dtype in _FP8:
         limit = torch.finfo(dtype).max
-        acc = acc.clamp(-limit, limit)  # torch's own conversion would give NaN or inf
+        acc = acc.float().clamp(-limit, limit)  # torch's own conversion would give NaN or inf
     return acc.to(dtype)

@@ -92,7 +92,7 @@ def all_reduce_ring(
     """Ring all-reduce of ``group.size`` consecutive tiles of ``BLOCK`` starting at element
     ``base`` (of ``n``): reduce-scatter then all-gather between neighbours, a barrier per
     step. Partial sums travel through ``part`` (on the heap, in the accumulation dtype: an
-    fp32 buffer for half types, else ``dst`` itself); ``src`` and ``dst`` are on the heap and
+    fp32 buffer for half and float8 types, else ``dst`` itself); ``src`` and ``dst`` are on the heap and
     ``dst`` may be ``src``."""
     left = group.rank((group.index + group.size - 1) % group.size)
     lanes = tl.arange(0, BLOCK)
