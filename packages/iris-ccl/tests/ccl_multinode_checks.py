@@ -2,7 +2,8 @@
 test_ccl_multinode.py starts as several torchrun agents on one machine (each agent a node).
 
 Every collective over the world and over a group spanning nodes, on an odd shape and two
-dtypes, against a float64 computation each rank makes from every rank's known input. Exits
+dtypes (and e5m2 over the world), against a float64 computation each rank makes from every
+rank's known input (float8: rounded once to the format, as the contract says). Exits
 non-zero on the first mismatch (the traceback names it) and prints ``CHECKS OK`` at the end.
 Usage: ``python ccl_multinode_checks.py RANKS_PER_NODE [--ops] [--full]``.
 """
@@ -31,9 +32,22 @@ def data(rank: int, salt: int, dtype: torch.dtype, numel: int = 35) -> torch.Ten
     return values.to(torch.get_default_device())
 
 
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """``got`` is ``want`` (float8: exactly ``want`` rounded once to the format, saturating)."""
+    if got.dtype in FP8:
+        big = torch.finfo(got.dtype).max
+        want = want.cpu().to(torch.float32).clamp(-big, big).to(got.dtype)
     got64, want64 = got.cpu().to(torch.float64).reshape(-1), want.cpu().to(torch.float64).reshape(-1)
-    if got64.shape != want64.shape or not torch.allclose(got64, want64, rtol=1e-2, atol=1e-2):
+    if got64.shape != want64.shape:
+        ok = False
+    elif got.dtype in FP8:
+        ok = torch.equal(got64, want64)
+    else:
+        ok = torch.allclose(got64, want64, rtol=1e-2, atol=1e-2)
+    if not ok:
         raise AssertionError(f"rank {dist.get_rank()}: {what}: got {got64.tolist()} want {want64.tolist()}")
 
 
@@ -162,9 +176,9 @@ def main() -> None:
     world = dist.get_world_size()
     check_heap(per_node)
     dtypes = (
-        (torch.float32, torch.bfloat16)
+        (torch.float32, torch.bfloat16, torch.float8_e5m2)
         if not full
-        else (torch.float32, torch.bfloat16, torch.float16, torch.int32)
+        else (torch.float32, torch.bfloat16, torch.float16, torch.int32, *FP8)
     )
     check_collectives(None, list(range(world)), dtypes, salt=1)
     # a group spanning nodes that leaves ranks out: the first rank and the last two
