@@ -190,8 +190,9 @@ def _hard_values(dtype: torch.dtype) -> torch.Tensor:
 def test_convert_rounds_like_the_contract(dtype):
     """``iris.ccl.triton.convert`` (interpreted here; compiled, the hardware's conversions:
     test_ccl_compile) widens every float8 code exactly and rounds fp32 to float8 to nearest
-    even with saturation, bit for bit as torch's ``clamp(-max, max).to(fp8)``. Negative
-    control: Triton's own conversion in the interpreter gets NaN codes and ties wrong."""
+    even with saturation, bit for bit as torch's ``clamp(-max, max).to(fp8)``; float8 to
+    the other format rounds the same way, to fp16/bf16 exactly. Negative control: Triton's
+    own conversion in the interpreter gets NaN codes and ties wrong."""
     if device().type != "cpu":
         pytest.skip("the conversion is checked interpreted here (compiled: test_ccl_compile)")
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
@@ -205,6 +206,16 @@ def test_convert_rounds_like_the_contract(dtype):
     assert bool((narrow.float().isnan() == values.isnan()).all())
     plain = _launch(_plain_cast_kernel, values, torch.empty(values.numel(), dtype=dtype))
     assert bit_mismatches(plain, round_once(values, dtype)) is not None, "the negative control passed"
+    # from float8 to the other format (rounded, saturating) and to the half types (exact)
+    other = FP8[1 - FP8.index(dtype)]
+    assert (
+        m := bit_mismatches(
+            _launch(_convert_kernel, codes, torch.empty(256, dtype=other)), round_once(want, other)
+        )
+    ) is None, m
+    for half in (torch.float16, torch.bfloat16):
+        got = _launch(_convert_kernel, codes, torch.empty(256, dtype=half)).float()
+        assert bool(((got == want) | (got.isnan() & want.isnan())).all()), half
 
 
 def test_rank_order_reference_is_order_sensitive_for_e5m2():

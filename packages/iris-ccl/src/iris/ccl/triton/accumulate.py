@@ -8,7 +8,8 @@ backend), the float8 types included:
 * ``float8_e4m3fn`` / ``float8_e5m2`` -> fp32 is exact, NaN (and e5m2's infinities) kept;
 * fp32 -> float8 rounds to nearest, ties to even, saturating to the format's finite range
   (``+-448`` for e4m3fn, ``+-57344`` for e5m2; infinities too), NaN staying NaN: what
-  ``cvt.rn.satfinite`` does on NVIDIA GPUs, and ``x.clamp(-max, max).to(fp8)`` in torch.
+  ``cvt.rn.satfinite`` does on NVIDIA GPUs, and ``x.clamp(-max, max).to(fp8)`` in torch;
+* other conversions from or to float8 go through fp32 the same way.
 
 Compiled, the conversions are the hardware's (``cvt.rn.f16x2.e4m3x2`` and
 ``cvt.rn.satfinite.e4m3x2.f32``, and the e5m2 forms). Triton's interpreter converts
@@ -25,16 +26,16 @@ import triton.language as tl
 
 @triton.jit
 def convert(x, DTYPE: tl.constexpr):
-    """``x`` as ``DTYPE``: ``x.to(DTYPE)`` but for conversions between fp32 and a float8
-    type, which are made exact (float8 -> fp32) or rounded to nearest even with saturation
-    (fp32 -> float8) the same way compiled and interpreted (module docstring)."""
+    """``x`` as ``DTYPE``: ``x.to(DTYPE)``, but conversions from a float8 type go through
+    fp32 exactly and conversions to one are rounded to nearest even with saturation, the
+    same way compiled and interpreted (module docstring)."""
     if x.dtype == DTYPE:
         return x
-    elif DTYPE == tl.float32 and x.dtype == tl.float8e4nv:
-        return _widen_fp8(x, 0x7F)  # e4m3fn: S.1111.111 is NaN, no infinities
-    elif DTYPE == tl.float32 and x.dtype == tl.float8e5:
-        return _widen_fp8(x, 0x7C)  # e5m2: S.11111.00 is infinity, S.11111.xx NaN
-    elif DTYPE == tl.float8e4nv:
+    if x.dtype == tl.float8e4nv:
+        x = _widen_fp8(x, 0x7F)  # e4m3fn: S.1111.111 is NaN, no infinities
+    elif x.dtype == tl.float8e5:
+        x = _widen_fp8(x, 0x7C)  # e5m2: S.11111.00 is infinity, S.11111.xx NaN
+    if DTYPE == tl.float8e4nv:
         return _narrow_to_fp8(x.to(tl.float32), DTYPE, 3, -6, 448.0)
     elif DTYPE == tl.float8e5:
         return _narrow_to_fp8(x.to(tl.float32), DTYPE, 2, -14, 57344.0)
@@ -56,16 +57,16 @@ def average(acc, n):
 @triton.jit
 def _widen_fp8(x, SPECIAL: tl.constexpr):
     """float8 ``x`` as fp32. Codes whose magnitude bits are ``SPECIAL`` or above (NaN, and
-    e5m2's infinity at ``SPECIAL`` itself) are rebuilt as fp32 NaN or infinity with the
-    same sign: the interpreter would give finite numbers for them."""
+    e5m2's infinity at ``SPECIAL`` itself) are rebuilt as fp32 infinity or quiet NaN with
+    the same sign: the interpreter would give finite numbers for them."""
     wide = x.to(tl.float32)
     code = x.to(tl.uint8, bitcast=True).to(tl.int32)
     magnitude = code & 0x7F
     sign = (code & 0x80) << 24
     if SPECIAL == 0x7F:
-        special = sign | 0x7FC00000  # quiet NaN
+        special = sign | 0x7FC00000  # a quiet NaN
     else:
-        special = sign | 0x7F800000 | ((magnitude - SPECIAL) << 21)  # infinity, or a NaN payload
+        special = sign | tl.where(magnitude == SPECIAL, 0x7F800000, 0x7FC00000)  # infinity, quiet NaN
     return tl.where(magnitude >= SPECIAL, special.to(tl.float32, bitcast=True), wide)
 
 
