@@ -71,11 +71,7 @@ def _boxed_kernel(
     t = pid
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        for k in tl.static_range(1, GROUP):
-            j = (ME + k) % GROUP
-            x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=mask)
-            ctx.store(mine + offs, x, group.rank(j), mask=mask, hint=HINT)
+        tiles.store_chunks(ctx, group, src, src_stride, mine, offs, offs < n, ME, GROUP, HINT)
         t += tl.num_programs(0)
     group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
     own = src + tl.cast(ME, tl.int64) * src_stride

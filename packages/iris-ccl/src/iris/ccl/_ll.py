@@ -100,13 +100,13 @@ def _to_words(x):
 def _from_words(words, ELEM: tl.constexpr):
     """Inverse of :func:`_to_words`: int32 words as elements of type ``ELEM``."""
     BITS: tl.constexpr = ELEM.primitive_bitwidth
-    v = words
-    if BITS == 64:
-        v = _pair(v, tl.int64)
-    elif BITS <= 16:
-        v = _unpair(v, tl.int16)
-        if BITS == 8:
-            v = _unpair(v, tl.int8)
+    # 8 bytes: two words make one element; 1 and 2 bytes: a word splits into halves, each
+    # half into bytes for 1-byte elements; 4 bytes: a word is an element
+    HALVES: tl.constexpr = BITS <= 16
+    BYTES: tl.constexpr = BITS == 8
+    v = _pair(words, tl.int64) if BITS == 64 else words
+    v = _unpair(v, tl.int16) if HALVES else v
+    v = _unpair(v, tl.int8) if BYTES else v
     return v.to(ELEM, bitcast=True)
 
 

@@ -96,6 +96,17 @@ def execute(
     return _host.finish(comm, async_op)
 
 
+def setup_chunked(kind: str, chunk: torch.Tensor, root_rank: int, group, config: Config | None):
+    """The setup of ``gather`` / ``scatter``, whose every member holds one ``chunk`` of the
+    root's tensor: ``(root's group index, whether this rank is the root, elements per chunk,
+    communicator, in place, resolved config)``."""
+    root = member_index(root_rank, group, "dst" if kind == "gather" else "src", kind)
+    count = chunk.numel()
+    nbytes = len(group_ranks(group)) * count * chunk.element_size()
+    comm, in_place, cfg = _host.setup(kind, [chunk], group, config, nbytes, root=root_rank)
+    return root, dist.get_rank() == root_rank, count, comm, in_place, cfg
+
+
 def member_index(rank: object, group, name: str, collective: str) -> int:
     """Index in ``group`` of global rank ``rank`` (argument ``name`` of ``collective``)."""
     ranks = group_ranks(group)

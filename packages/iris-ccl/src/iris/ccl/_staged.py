@@ -333,19 +333,25 @@ def _reduce(groups: NodeGroups, args: dict) -> None:
         out.copy_((work / groups.size if op is ReduceOp.AVG else work).view(out.shape))
 
 
+def _chunked_root(groups: NodeGroups, chunk: torch.Tensor, root: int) -> tuple:
+    """What gather and scatter over nodes start from: the elements per member, dtype and
+    device of this rank's ``chunk``, and the relay of ``root`` (its local index, its global
+    rank and the root's node)."""
+    relay, node = groups.relay(root)
+    return chunk.numel(), chunk.dtype, chunk.device, relay, groups.nodes[node][relay], node
+
+
 @entry.staged_form("gather")
 @_float8_as_bytes("out", "inp")
 def _gather(groups: NodeGroups, args: dict) -> None:
     out, inp, dst, config = args["out"], args["inp"], args["dst"], args["config"]
-    m, dtype, device = inp.numel(), inp.dtype, inp.device
-    relay, node = groups.relay(dst)
+    m, dtype, device, relay, relay_rank, node = _chunked_root(groups, inp, dst)
     block = groups.padded_block(m)
     mine = torch.zeros(block, dtype=dtype, device=device)
     if groups.intra is not None:
         gather(mine[: groups.per_node * m], inp, groups.local[relay], group=groups.intra, config=config)
     else:
         mine[:m] = inp.reshape(-1)
-    relay_rank = groups.nodes[node][relay]
     result = torch.empty(groups.size, m, dtype=dtype, device=device)
     if groups.local_index == relay:
         root = dist.get_rank() == relay_rank
@@ -368,12 +374,9 @@ def _gather(groups: NodeGroups, args: dict) -> None:
 @_float8_as_bytes("out", "inp")
 def _scatter(groups: NodeGroups, args: dict) -> None:
     out, inp, src, config = args["out"], args["inp"], args["src"], args["config"]
-    m, dtype, device = out.numel(), out.dtype, out.device
-    relay, node = groups.relay(src)
-    relay_rank = groups.nodes[node][relay]
-    on_root_node = groups.layout.node == node
+    m, dtype, device, relay, relay_rank, node = _chunked_root(groups, out, src)
     full = None
-    if on_root_node:
+    if groups.layout.node == node:  # the root's node: every rank there holds the whole input
         full = (
             inp.reshape(groups.size, m).contiguous()
             if dist.get_rank() == src

@@ -141,11 +141,7 @@ def _two_shot_push_kernel(
     t = pid
     while t < ntiles:
         lanes = t * BLOCK + tl.arange(0, BLOCK)
-        mask = lanes < chunk
-        for k in tl.static_range(1, GROUP):
-            j = (ME + k) % GROUP
-            x = tl.load(src + tl.cast(j, tl.int64) * chunk + lanes, mask=mask)
-            ctx.store(dst + mine + lanes, x, group.rank(j), mask=mask, hint=HINT)
+        tiles.store_chunks(ctx, group, src, chunk, dst + mine, lanes, lanes < chunk, ME, GROUP, HINT)
         t += tl.num_programs(0)
     group.sync(ctx, pid)  # orders the remote stores before it (CTA barrier + release)
     t = pid

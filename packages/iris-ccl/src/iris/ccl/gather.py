@@ -48,11 +48,7 @@ def gather(
 
     The root's ``out`` is only written locally, so it may be any tensor.
     """
-    root = _rooted.member_index(dst, group, "dst", "gather")
-    size = len(group_ranks(group))
-    is_root = dist.get_rank() == dst
-    m = inp.numel()
-    comm, in_place, cfg = _host.setup("gather", [inp], group, config, size * m * inp.element_size(), root=dst)
+    root, is_root, m, comm, in_place, cfg = _rooted.setup_chunked("gather", inp, dst, group, config)
     src_all = _rooted.flat(inp)
     dst_all = _rooted.flat_out(out) if is_root else None
 

@@ -56,13 +56,7 @@ def scatter(
 
     The root's ``inp`` is only read locally, so it may be any tensor.
     """
-    root = _rooted.member_index(src, group, "src", "scatter")
-    size = len(group_ranks(group))
-    is_root = dist.get_rank() == src
-    m = out.numel()
-    comm, in_place, cfg = _host.setup(
-        "scatter", [out], group, config, size * m * out.element_size(), root=src
-    )
+    root, is_root, m, comm, in_place, cfg = _rooted.setup_chunked("scatter", out, src, group, config)
     src_all = _rooted.flat(inp) if is_root else None
     dst_all = _rooted.flat_out(out)
 

@@ -68,6 +68,19 @@ def store_everywhere(ctx, group, ptr, x, mask, HINT: tl.constexpr = None):
 
 
 @triton.jit
+def store_chunks(
+    ctx, group, src, src_stride, dst, offs, mask, ME: tl.constexpr, GROUP: tl.constexpr, HINT: tl.constexpr
+):
+    """Store chunk ``j`` of ``src`` (chunks ``src_stride`` elements apart) at ``dst + offs``
+    on member ``j``, for every member but this one, starting after it (each member begins
+    with a different peer, so no link is every member's first target)."""
+    for k in tl.static_range(1, GROUP):
+        j = (ME + k) % GROUP
+        x = tl.load(src + tl.cast(j, tl.int64) * src_stride + offs, mask=mask)
+        ctx.store(dst + offs, x, group.rank(j), mask=mask, hint=HINT)
+
+
+@triton.jit
 def all_reduce_two_shot(
     ctx, group, src, dst, offs, mask, slot, owner, OP: tl.constexpr = "sum",
     ACC_FP32: tl.constexpr = True, SYNC: tl.constexpr = True, HINT: tl.constexpr = None,
