@@ -6,6 +6,11 @@ function in each, and returns what every rank returned. A rank that raises, cras
 outlives the deadline fails the whole world: every rank is killed at the deadline and
 the error names the ranks and shows their tracebacks.
 
+A world needs ranks, not GPUs: with the cuda backend its ranks use the GPUs present round
+robin (``LOCAL_RANK`` modulo their number), so on a machine with fewer GPUs than ranks, one
+included, ranks share GPUs (:func:`shares_gpus`). :func:`gpu_skip_reason` says why a case
+cannot run here (no GPU at all, or a case that needs a GPU per rank).
+
 Deadlines must hold on a loaded machine: with ``IRIS_TEST_DURATIONS`` set to a file path,
 every world and example appends one JSON line to it (the pytest test that ran it, the world
 size, the deadline and the seconds taken), which ``.ci/check_deadlines.py`` compares.
@@ -184,6 +189,7 @@ def launch_world(
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world_size),  # as torchrun sets it: one node
             }
             entry = {
                 "SYS_PATH": list(sys.path),
@@ -245,6 +251,48 @@ def run_world(
             results,
         )
     return [r.value for r in results]
+
+
+def _test_backend() -> str:
+    return os.environ.get("IRIS_BACKEND", "cpu")
+
+
+def visible_gpus() -> int:
+    """GPUs this process sees (0 without CUDA); asks the driver, creates no CUDA context."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def shares_gpus(world_size: int, gpus: int | None = None) -> bool:
+    """Whether a world of ``world_size`` ranks on the cuda backend (``IRIS_BACKEND``) has
+    ranks sharing a GPU on this machine (more ranks than ``gpus``, default the visible GPUs).
+    Then NCCL cannot serve it (it refuses two ranks on one GPU): references come from gloo
+    or from a computation in one process, and times mean nothing."""
+    if _test_backend() != "cuda":
+        return False
+    return world_size > (visible_gpus() if gpus is None else gpus)
+
+
+def gpu_skip_reason(world_size: int, separate_gpus: str | None = None, gpus: int | None = None) -> str | None:
+    """Why a case of ``world_size`` ranks cannot run here, or None when it can.
+
+    On the cpu backend every world can. On the cuda backend a world needs one GPU, whatever
+    its size (ranks share GPUs round robin). ``separate_gpus`` names what the case shows that
+    only a GPU per rank can (``"link bandwidth between GPUs"``, ``"peer access between
+    GPUs"``): such a case needs ``world_size`` GPUs, and its reason says so.
+
+    :param gpus: the GPUs to count with (default: the visible ones).
+    """
+    if _test_backend() != "cuda":
+        return None
+    found = visible_gpus() if gpus is None else gpus
+    if found < 1:
+        return "IRIS_BACKEND=cuda but no GPU is visible"
+    if separate_gpus and found < world_size:
+        return (
+            f"{separate_gpus} needs {world_size} separate GPUs (one per rank), found {found}: ranks "
+            "sharing a GPU cannot show it"
+        )
+    return None
 
 
 def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> str:
@@ -358,11 +406,14 @@ def run_nodes(
 __all__ = [
     "RankResult",
     "WorldError",
+    "gpu_skip_reason",
     "launch_world",
     "record_duration",
     "run_example",
     "run_nodes",
     "run_world",
+    "shares_gpus",
+    "visible_gpus",
 ]
 
 
