@@ -10,6 +10,9 @@ import os
 import pytest
 import torch
 
+import iris.mem
+from iris.mem.testing import gpu_skip_reason
+
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 #: (dtype, atol, rtol) for results reduced over up to 4 ranks of values in [-8, 8).
@@ -25,18 +28,20 @@ WORLD_SIZES = [1, 2, 3, 4]
 SIZES = [1, 7, 1000, 4099]
 
 
-def require_world(world_size: int) -> None:
-    """Skip when the GPU tier has fewer GPUs than ranks."""
-    if BACKEND == "cuda" and torch.cuda.device_count() < world_size:
-        pytest.skip(
-            f"a world of {world_size} ranks needs {world_size} GPUs, found {torch.cuda.device_count()}"
-        )
+def require_world(world_size: int, separate_gpus: str | None = None) -> None:
+    """Skip when this machine cannot run a world of ``world_size`` ranks: on the cuda backend
+    without a GPU, or, for a case that needs a GPU per rank (``separate_gpus`` says what it
+    shows), with fewer GPUs than ranks. Ranks beyond the GPU count share GPUs."""
+    reason = gpu_skip_reason(world_size, separate_gpus)
+    if reason:
+        pytest.skip(reason)
 
 
 def device() -> torch.device:
-    """This rank's device inside a world (run_world sets LOCAL_RANK)."""
+    """This rank's device inside a world: its GPU (``LOCAL_RANK``, which run_world sets,
+    modulo the GPUs present), or the CPU."""
     if BACKEND == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return iris.mem.default_device()
     return torch.device("cpu")
 
 

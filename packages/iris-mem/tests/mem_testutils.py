@@ -5,6 +5,8 @@ import os
 import pytest
 import torch
 
+from iris.mem.testing import gpu_skip_reason
+
 #: Backend the tests run on: ``cpu`` (Triton interpreter) or ``cuda`` (``pytest -m gpu``).
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 
@@ -12,8 +14,8 @@ BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 #: World sizes every multi-rank test covers (3 is deliberately odd).
 WORLD_SIZES = [1, 2, 3, 4]
-#: World size of tests that run one multi-rank world: 3 (odd) on CPU, 2 on GPUs (one per rank).
-MULTI_WORLD = 3 if BACKEND == "cpu" else 2
+#: World size of tests that run one multi-rank world: 3 (odd), on any number of GPUs.
+MULTI_WORLD = 3
 #: Heap size of test worlds (small: CPU shared memory, many ranks at once).
 HEAP = 1 << 22
 
@@ -27,10 +29,11 @@ def pattern(n: int, dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tenso
     return base.to(dtype)
 
 
-def require_world(world_size: int) -> None:
-    """Skip the calling test when the cuda backend has fewer GPUs than ranks (one GPU per rank)."""
-    if BACKEND != "cuda":
-        return
-    gpus = torch.cuda.device_count()
-    if gpus < world_size:
-        pytest.skip(f"a world of {world_size} ranks needs {world_size} GPUs (one per rank), found {gpus}")
+def require_world(world_size: int, separate_gpus: str | None = None) -> None:
+    """Skip the calling test when this machine cannot run a world of ``world_size`` ranks:
+    on the cuda backend without a GPU, or, for a case that needs a GPU per rank
+    (``separate_gpus`` says what it shows), with fewer GPUs than ranks. Ranks beyond the GPU
+    count share GPUs (:func:`iris.mem.testing.gpu_skip_reason`)."""
+    reason = gpu_skip_reason(world_size, separate_gpus)
+    if reason:
+        pytest.skip(reason)
