@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .bootstrap import host_group
 from .watchdog import CLEAN_END, describe_exception, report_exit
 
 _PRELOAD = ["torch", "triton", "triton.language"]
@@ -117,8 +118,10 @@ def _run_rank(
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         # Finish the rendezvous on every rank before any rank can run ahead, finish and
-        # tear its connections down under a peer that is still connecting.
-        dist.barrier()
+        # tear its connections down under a peer that is still connecting. On the CPU: a
+        # world of NCCL alone barriers through a gloo group of the same ranks, since NCCL
+        # refuses ranks that share a GPU.
+        dist.barrier(group=host_group(None))
         try:
             try:
                 value = fn(rank, world_size, *args, **kwargs)
