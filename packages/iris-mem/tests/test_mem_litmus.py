@@ -26,13 +26,15 @@ from mem_testutils import BACKEND, HEAP, require_world
 
 import iris.mem
 import iris.mem.triton as imt
-from iris.mem.testing import run_world
+from iris.mem.testing import run_world, shares_gpus
 from iris.mem.triton import Context
 from iris.mem.utils import global_timer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 ROUNDS = 1000
+#: Rounds where ranks share a GPU (each of the rounds' hand-offs costs up to a time slice).
+SHARED_ROUNDS = 200
 BLOCK = 64
 # The budget of all waits of one kernel together. In the interpreter, poll iterations (a few
 # thousand are used). On GPUs, nanoseconds of the GPU's clock: ranks may launch (and
@@ -143,21 +145,23 @@ def mp_body(rank: int, world: int, rounds: int, salt: int):
 def test_message_passing_release_acquire(world_size):
     require_world(world_size)
     # Spinning ranks slow down more than in proportion on a loaded machine: a wide margin.
-    results = run_world(mp_body, world_size, ROUNDS, 0, timeout=360)
+    # Where ranks share a GPU every hand-off waits for the GPU to switch processes: fewer rounds.
+    rounds = SHARED_ROUNDS if shares_gpus(world_size) else ROUNDS
+    results = run_world(mp_body, world_size, rounds, 0, timeout=360)
     for rank, r in enumerate(results):
         prv = (rank - 1) % world_size
         assert r["timeouts"] == 0, f"rank {rank}: {r['timeouts']} waits ran out of budget ({r})"
         assert r["mismatches"] == 0, (
-            f"rank {rank}: {r['mismatches']} stale or torn elements over {ROUNDS} rounds"
+            f"rank {rank}: {r['mismatches']} stale or torn elements over {rounds} rounds"
         )
-        assert r["spins"] >= 2 * ROUNDS, f"rank {rank}: fewer wait iterations than waits: {r}"
-        assert r["rounds"] == ROUNDS, (
+        assert r["spins"] >= 2 * rounds, f"rank {rank}: fewer wait iterations than waits: {r}"
+        assert r["rounds"] == rounds, (
             f"rank {rank}: saw its flag at the round's value in {r['rounds']} rounds"
         )
-        assert (r["flag"], r["ack"]) == (ROUNDS, ROUNDS), (
+        assert (r["flag"], r["ack"]) == (rounds, rounds), (
             f"rank {rank}: final flag/ack {r['flag']}/{r['ack']}"
         )
-        assert r["data"] == [ROUNDS * 131 + i + prv * 100000 for i in range(BLOCK)], (
+        assert r["data"] == [rounds * 131 + i + prv * 100000 for i in range(BLOCK)], (
             f"rank {rank}: final data"
         )
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.mem import bootstrap, machine, nodes
+from iris.mem import bootstrap, machine, nodes, testing
 from iris.mem.testing import run_world
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
@@ -91,6 +91,22 @@ def test_node_layout_counts_the_ranks_on_each_gpu():
     assert layout.gpu_of(2) == "GPU-y"
     bare = nodes.NodeLayout(ranks=(0, 1), keys=("a/",), nodes=((0, 1),), node=0)
     assert bare.ranks_on_gpu(1) == 1 and bare.gpu_of(1) is None
+
+
+def test_worlds_need_ranks_not_gpus(monkeypatch):
+    """What the GPU tier's require_world asks, for given GPU counts (the cuda backend)."""
+    monkeypatch.setenv("IRIS_BACKEND", "cuda")
+    assert testing.gpu_skip_reason(4, gpus=1) is None  # four ranks share the one GPU
+    assert testing.gpu_skip_reason(2, gpus=0) == "IRIS_BACKEND=cuda but no GPU is visible"
+    reason = testing.gpu_skip_reason(3, "link bandwidth between GPUs", gpus=2)
+    assert reason.startswith("link bandwidth between GPUs needs 3 separate GPUs") and "found 2" in reason
+    assert testing.gpu_skip_reason(2, "link bandwidth between GPUs", gpus=2) is None
+    assert [testing.shares_gpus(n, gpus=2) for n in (1, 2, 3, 4)] == [False, False, True, True]
+    assert [testing.deadline_scale(n, gpus=1) for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    assert [testing.deadline_scale(n, gpus=2) for n in (2, 3, 4, 5)] == [1, 2, 2, 3]
+    monkeypatch.setenv("IRIS_BACKEND", "cpu")  # processes, no GPUs: nothing to skip or stretch
+    assert testing.gpu_skip_reason(4, "link bandwidth between GPUs", gpus=0) is None
+    assert testing.deadline_scale(4, gpus=1) == 1 and not testing.shares_gpus(4, gpus=1)
 
 
 def test_capabilities_say_whether_the_gpu_is_shared():

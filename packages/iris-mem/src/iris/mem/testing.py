@@ -9,7 +9,9 @@ the error names the ranks and shows their tracebacks.
 A world needs ranks, not GPUs: with the cuda backend its ranks use the GPUs present round
 robin (``LOCAL_RANK`` modulo their number), so on a machine with fewer GPUs than ranks, one
 included, ranks share GPUs (:func:`shares_gpus`). :func:`gpu_skip_reason` says why a case
-cannot run here (no GPU at all, or a case that needs a GPU per rank).
+cannot run here (no GPU at all, or a case that needs a GPU per rank). Where ranks share a
+GPU, each hand-off between them waits for the GPU to switch processes, so every deadline
+grows by the number of ranks per GPU (:func:`deadline_scale`).
 
 Deadlines must hold on a loaded machine: with ``IRIS_TEST_DURATIONS`` set to a file path,
 every world and example appends one JSON line to it (the pytest test that ran it, the world
@@ -162,7 +164,8 @@ def launch_world(
 
     :param fn: a module-level (picklable) function. A rank's result is taken after its
         current CUDA device has finished the work ``fn`` queued.
-    :param timeout: seconds until every rank still running is killed (SIGKILL).
+    :param timeout: seconds until every rank still running is killed (SIGKILL); times
+        :func:`deadline_scale` where the ranks share GPUs.
     :param env: extra environment variables for the ranks (set before ``fn`` runs, so
         variables read at import, like ``IRIS_DEBUG``, take effect in modules ``fn``
         imports).
@@ -171,6 +174,7 @@ def launch_world(
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    timeout = timeout * deadline_scale(world_size)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     folder = tempfile.mkdtemp(prefix="iris-world-")
@@ -298,14 +302,25 @@ def gpu_skip_reason(world_size: int, separate_gpus: str | None = None, gpus: int
     return None
 
 
+def deadline_scale(world_size: int, gpus: int | None = None) -> int:
+    """How many times its deadline a world of ``world_size`` ranks may take on this machine:
+    the ranks per GPU where they share GPUs (:func:`shares_gpus`: the GPU runs one process at
+    a time, and each hand-off between them waits for a switch), else 1."""
+    if not shares_gpus(world_size, gpus):
+        return 1
+    found = visible_gpus() if gpus is None else gpus
+    return -(-world_size // max(found, 1))
+
+
 def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> str:
     """Run a self-checking example script under torchrun and return its output.
 
     The script defines ``NAME = "..."`` and prints ``[rank r/w] NAME: validated`` on every
     rank (or ``FAILED``). Runs on the backend of ``IRIS_BACKEND`` (the interpreter for
     ``cpu``). Raises AssertionError naming what went wrong: an exit code, a missing rank
-    line, a FAILED line, or the deadline.
+    line, a FAILED line, or the deadline (``timeout`` seconds, times :func:`deadline_scale`).
     """
+    timeout = timeout * deadline_scale(nproc)
     path = os.fspath(path)
     with open(path) as f:
         match = re.search(r'^NAME = "([^"]+)"', f.read(), re.MULTILINE)
@@ -409,6 +424,7 @@ def run_nodes(
 __all__ = [
     "RankResult",
     "WorldError",
+    "deadline_scale",
     "gpu_skip_reason",
     "launch_world",
     "record_duration",
