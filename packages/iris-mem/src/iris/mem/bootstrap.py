@@ -194,8 +194,9 @@ def host_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     key = dist.group.WORLD if group is None else group
     twin = _HOST_GROUPS.get(key)
     if twin is None:
+        # in the group's rank order, so that the twin numbers the ranks as the group does
         ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
-        twin = _HOST_GROUPS[key] = make_group(sorted(ranks), "gloo", f"iris:{key.group_name}:host")
+        twin = _HOST_GROUPS[key] = make_group(list(ranks), "gloo", f"iris:{key.group_name}:host")
     return twin
 
 
