@@ -7,11 +7,13 @@ GPUs (``IRIS_BACKEND=cuda``, tests marked ``gpu``).
 
 import os
 
-import pytest
 import torch
 
 import iris.mem
-from iris.mem.testing import gpu_skip_reason
+
+# require_world(world_size, separate_gpus=None): skip unless this machine can run the world
+# (ranks beyond the GPUs share them; a case that needs a GPU per rank says why it skips)
+from iris.mem.testing import require_world  # noqa: F401 - the tests import it from here
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
@@ -26,15 +28,6 @@ TOLERANCES = {
 WORLD_SIZES = [1, 2, 3, 4]
 #: Element counts: one element, odd, not a multiple of any block or of the world size.
 SIZES = [1, 7, 1000, 4099]
-
-
-def require_world(world_size: int, separate_gpus: str | None = None) -> None:
-    """Skip when this machine cannot run a world of ``world_size`` ranks: on the cuda backend
-    without a GPU, or, for a case that needs a GPU per rank (``separate_gpus`` says what it
-    shows), with fewer GPUs than ranks. Ranks beyond the GPU count share GPUs."""
-    reason = gpu_skip_reason(world_size, separate_gpus)
-    if reason:
-        pytest.skip(reason)
 
 
 def device() -> torch.device:

@@ -3,27 +3,16 @@ the capabilities say the GPU is shared, ``Config(variant="auto")`` reads no tuni
 (neither the packaged one nor the user's) but the heuristic, and the tuners refuse to time
 or write anything, with a message that says why."""
 
-import dataclasses
 import functools
 
 import pytest
-import torch
 import torch.distributed as dist
 
-import iris.mem
 from iris.ccl import _tuning, config, tuning
+from iris.mem.testing import hopper_capabilities as h200
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-
-
-def h200(ranks_on_device: int) -> iris.mem.Capabilities:
-    """The capabilities of an H200 that ``ranks_on_device`` ranks use (the packaged table
-    holds rules for this model at 2 ranks)."""
-    return dataclasses.replace(
-        iris.mem.capabilities("cpu"), device=torch.device("cuda", 0), backend="cuda", interpreted=False,
-        sm_count=132, compute_capability=(9, 0), resident_programs=132, pdl=True, tma=True, streams=True,
-        name="NVIDIA H200", nvlink=True, ranks_on_device=ranks_on_device,
-    )  # fmt: skip
+# h200(n): an H200 that n ranks use (the packaged table holds rules for this model at 2 ranks)
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)

@@ -2,10 +2,11 @@
 
 import os
 
-import pytest
 import torch
 
-from iris.mem.testing import gpu_skip_reason
+# require_world(world_size, separate_gpus=None): skip unless this machine can run the world
+# (ranks beyond the GPUs share them; a case that needs a GPU per rank says why it skips)
+from iris.mem.testing import require_world  # noqa: F401 - the tests import it from here
 
 #: Backend the tests run on: ``cpu`` (Triton interpreter) or ``cuda`` (``pytest -m gpu``).
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
@@ -27,13 +28,3 @@ def pattern(n: int, dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tenso
         base = base % 120  # with the .5 below, at most 8 significant bits: exact in bf16
         return base.to(dtype) + 0.5 * (rank % 2)
     return base.to(dtype)
-
-
-def require_world(world_size: int, separate_gpus: str | None = None) -> None:
-    """Skip the calling test when this machine cannot run a world of ``world_size`` ranks:
-    on the cuda backend without a GPU, or, for a case that needs a GPU per rank
-    (``separate_gpus`` says what it shows), with fewer GPUs than ranks. Ranks beyond the GPU
-    count share GPUs (:func:`iris.mem.testing.gpu_skip_reason`)."""
-    reason = gpu_skip_reason(world_size, separate_gpus)
-    if reason:
-        pytest.skip(reason)

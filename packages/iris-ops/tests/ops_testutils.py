@@ -9,11 +9,13 @@ works however many ranks share a GPU, which NCCL refuses).
 
 import os
 
-import pytest
 import torch
 
 import iris.mem
-from iris.mem.testing import gpu_skip_reason
+
+# require_world(world_size, separate_gpus=None): skip unless this machine can run the world
+# (ranks beyond the GPUs share them; a case that needs a GPU per rank says why it skips)
+from iris.mem.testing import require_world  # noqa: F401 - the tests import it from here
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -23,15 +25,6 @@ EPS = {torch.float32: 2.0**-9, torch.float16: 2.0**-9, torch.bfloat16: 2.0**-7}
 #: Shapes ``(M, N, K)``: odd ones (no dimension a multiple of any block), one of block
 #: multiples, and one with M smaller than a block.
 SHAPES = ((37, 29, 43), (32, 48, 32), (5, 70, 20))
-
-
-def require_world(world_size: int, separate_gpus: str | None = None) -> None:
-    """Skip when this machine cannot run a world of ``world_size`` ranks: on the cuda backend
-    without a GPU, or, for a case that needs a GPU per rank (``separate_gpus`` says what it
-    shows), with fewer GPUs than ranks. Ranks beyond the GPU count share GPUs."""
-    reason = gpu_skip_reason(world_size, separate_gpus)
-    if reason:
-        pytest.skip(reason)
 
 
 def device() -> torch.device:

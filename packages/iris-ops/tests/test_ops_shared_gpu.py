@@ -2,22 +2,11 @@
 the capabilities say the GPU is shared, ``Config(path="auto")`` reads no table of paths (the
 user's included) but the heuristic."""
 
-import dataclasses
 import functools
 
-import torch
-
-import iris.mem
 from iris.ccl import tuning
+from iris.mem.testing import hopper_capabilities as h200
 from iris.ops import _select
-
-
-def h200(ranks_on_device: int) -> iris.mem.Capabilities:
-    return dataclasses.replace(
-        iris.mem.capabilities("cpu"), device=torch.device("cuda", 0), backend="cuda", interpreted=False,
-        sm_count=132, compute_capability=(9, 0), resident_programs=132, pdl=True, tma=True, streams=True,
-        name="NVIDIA H200", nvlink=True, ranks_on_device=ranks_on_device,
-    )  # fmt: skip
 
 
 def test_auto_path_reads_no_table_where_ranks_share_the_gpu(tmp_path, monkeypatch):

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from .bootstrap import host_group
+from .machine import Capabilities
 from .watchdog import CLEAN_END, describe_exception, report_exit
 
 _PRELOAD = ["torch", "triton", "triton.language"]
@@ -302,6 +303,26 @@ def gpu_skip_reason(world_size: int, separate_gpus: str | None = None, gpus: int
     return None
 
 
+def require_world(world_size: int, separate_gpus: str | None = None) -> None:
+    """Skip the calling pytest test when :func:`gpu_skip_reason` says this machine cannot
+    run a world of ``world_size`` ranks (the test helpers of every Iris package call it)."""
+    reason = gpu_skip_reason(world_size, separate_gpus)
+    if reason:
+        import pytest  # optional: only tests call this, and they run under pytest
+
+        pytest.skip(reason)
+
+
+def hopper_capabilities(ranks_on_device: int = 1, name: str = "NVIDIA H200") -> Capabilities:
+    """The capabilities an H200-like GPU (132 SMs, NVLink) reports when ``ranks_on_device``
+    ranks use it: for tests, on any machine, of the choices made from them (tuning tables
+    by GPU model, what ranks sharing a GPU may not do)."""
+    return Capabilities(
+        torch.device("cuda", 0), "cuda", False, 132, (9, 0), 132, True, True, True,
+        name=name, nvlink=True, ranks_on_device=ranks_on_device,
+    )  # fmt: skip
+
+
 def deadline_scale(world_size: int, gpus: int | None = None) -> int:
     """How many times its deadline a world of ``world_size`` ranks may take on this machine:
     the ranks per GPU where they share GPUs (:func:`shares_gpus`: the GPU runs one process at
@@ -426,8 +447,10 @@ __all__ = [
     "WorldError",
     "deadline_scale",
     "gpu_skip_reason",
+    "hopper_capabilities",
     "launch_world",
     "record_duration",
+    "require_world",
     "run_example",
     "run_nodes",
     "run_world",
