@@ -115,10 +115,15 @@ def tests_latest(session: nox.Session) -> None:
 # each part of the API the tutorials leave out (the functional RMA API with flags, every
 # all_reduce variant, send/recv, a fused reduce op), at the first (odd) world size of
 # EXAMPLE_WORLDS, EXAMPLE_JOBS programs side by side. `nox -s examples -- --all` runs every
-# example at each world size of EXAMPLE_WORLDS.
+# example at each world size of EXAMPLE_WORLDS. `-- --gpu` runs them on the cuda backend with
+# the machine's torch and triton, at each world size of EXAMPLE_GPU_WORLDS however many GPUs
+# there are (ranks beyond them share GPUs), with the decoder layer and MoE examples too, one
+# at a time.
 EXAMPLE_WORLDS = (3, 1)
+EXAMPLE_GPU_WORLDS = (2, 3)
 EXAMPLE_TUTORIALS = "3[0-9]_*.py"
 EXAMPLE_DEFAULTS = ("05_message_passing", "10_all_reduce", "18_send_recv", "20_matmul_all_reduce")
+EXAMPLE_GPU_DEFAULTS = EXAMPLE_DEFAULTS + ("25_tp_decoder", "26_moe_layer")
 EXAMPLE_JOBS = 2
 #: Seconds one example may run before it is killed with every process it started.
 EXAMPLE_TIMEOUT = 600
@@ -162,26 +167,36 @@ sys.exit(1 if failed else 0)
 """
 
 
-@nox.session
+# The machine's torch (a CUDA build, for --gpu) shows through the venv; the CPU form installs
+# the pinned CPU build over it.
+@nox.session(venv_params=["--system-site-packages"])
 def examples(session: nox.Session) -> None:
-    """Run examples under torchrun on the cpu backend and print their results.
+    """Run examples under torchrun and print their results: on the cpu backend, or with
+    ``--gpu`` on the cuda backend.
 
     By default every tutorial program and a few other examples with 3 ranks, two at a time
     (a few minutes on 2 cores, installs included). Arguments after ``--``:
     ``--all`` runs every example with 3 ranks and with 1; names (or parts of them, e.g.
     ``03 05``) run only the matching examples, with 3 ranks and with 1; ``--jobs=N`` runs N
-    at a time (1: one after another).
+    at a time (1: one after another); ``--gpu`` runs on the cuda backend with the machine's
+    torch and triton (nothing heavy installed), the same examples plus the decoder layer and
+    MoE ones (``--all``: every example) at 2 and 3 ranks each, one at a time unless
+    ``--jobs`` says otherwise, on however many GPUs there are: ranks beyond them share GPUs.
     """
-    run_all, jobs, names = False, EXAMPLE_JOBS, []
+    run_all, gpu, jobs, names = False, False, None, []
     for arg in session.posargs:
         if arg == "--all":
             run_all = True
+        elif arg == "--gpu":
+            gpu = True
         elif arg.startswith("--jobs=") and arg[7:].isdigit() and int(arg[7:]) > 0:
             jobs = int(arg[7:])
         elif arg.startswith("-"):
-            session.error(f"unknown argument {arg!r}: use --all, --jobs=N or parts of example names")
+            session.error(f"unknown argument {arg!r}: use --all, --gpu, --jobs=N or parts of example names")
         else:
             names.append(arg)
+    if gpu and shutil.which("nvidia-smi") is None:
+        session.skip("--gpu: nvidia-smi not found, no NVIDIA GPUs on this machine")
     everything = sorted((ROOT / "examples").glob("[0-9]*.py"))
     if names:
         scripts = [s for s in everything if any(name in s.name for name in names)]
@@ -189,17 +204,24 @@ def examples(session: nox.Session) -> None:
         scripts = everything
     else:
         tutorials = set((ROOT / "examples").glob(EXAMPLE_TUTORIALS))
-        scripts = [s for s in everything if s in tutorials or s.stem in EXAMPLE_DEFAULTS]
+        defaults = EXAMPLE_GPU_DEFAULTS if gpu else EXAMPLE_DEFAULTS
+        scripts = [s for s in everything if s in tutorials or s.stem in defaults]
     if not scripts:
         session.skip("no matching examples/*.py found")
-    worlds = EXAMPLE_WORLDS if run_all or names else EXAMPLE_WORLDS[:1]
-    # One pip call; --no-compile: pip does not byte-compile all of torch (the modules the
-    # examples import are compiled when first imported).
-    session.install("--no-compile", TORCH, TRITON, *_package_paths())
+    if gpu:
+        worlds = EXAMPLE_GPU_WORLDS
+        session.install("--no-deps", *_package_paths())
+        env = {"IRIS_BACKEND": "cuda", "OMP_NUM_THREADS": "1"}
+    else:
+        worlds = EXAMPLE_WORLDS if run_all or names else EXAMPLE_WORLDS[:1]
+        # One pip call; --no-compile: pip does not byte-compile all of torch (the modules the
+        # examples import are compiled when first imported).
+        session.install("--no-compile", TORCH, TRITON, *_package_paths())
+        env = {**_cpu_env(), "OMP_NUM_THREADS": "1"}  # what torchrun would set, without its banner
     runs = [f"{script.relative_to(ROOT)}@{n}" for script in scripts for n in worlds]
     runner = Path(session.create_tmp()) / "run_examples.py"
     runner.write_text(_EXAMPLE_RUNNER)
-    env = {**_cpu_env(), "OMP_NUM_THREADS": "1"}  # what torchrun would set, without its banner
+    jobs = jobs or (1 if gpu else EXAMPLE_JOBS)
     session.run("python", str(runner), str(jobs), str(EXAMPLE_TIMEOUT), *runs, env=env)
 
 

@@ -875,46 +875,205 @@ TWO_GPU = [
 
 # ---- the one-GPU suite (several ranks sharing a GPU) -------------------------------------------
 
+
+def targets_worlds(step_id: str, sizes: tuple[int, ...] = (2, 3, 4)) -> Callable[[Path], list[Verdict]]:
+    """The multi-rank worlds a pytest step ran (``$OUT/worlds-<step>.jsonl``, the durations
+    ``IRIS_TEST_DURATIONS`` records): at least one of each of ``sizes`` ranks; the measurement
+    counts them per package and world size."""
+
+    def targets(out: Path) -> list[Verdict]:
+        target = f"worlds of {', '.join(map(str, sizes))} ranks ran, not skipped (per package and size)"
+        path = out / f"worlds-{step_id}.jsonl"
+        try:
+            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            return [Verdict(target, None, "nothing measured")]
+        counts: dict[str, dict[int, int]] = {}
+        for r in records:
+            test = str(r.get("test", ""))
+            package = test.split("/")[1] if test.startswith("packages/") else (test.split("/")[0] or "-")
+            by_size = counts.setdefault(package, {})
+            by_size[r["world_size"]] = by_size.get(r["world_size"], 0) + 1
+        seen = {n for by_size in counts.values() for n in by_size}
+        table = "; ".join(
+            f"{package}: " + ", ".join(f"{n} ranks x{c}" for n, c in sorted(by_size.items()))
+            for package, by_size in sorted(counts.items())
+        )
+        return [Verdict(target, all(n in seen for n in sizes), table or "no world ran")]
+
+    return targets
+
+
+#: The cases of benchmarks/mem/probe_shared_gpu.py, with the figure each reports.
+PROBE_CASES = {
+    "late_flag": "handoff_us",
+    "full_grid": "handoff_us",
+    "ring": "per_handoff_us",
+    "device_barrier": "per_call_us",
+}
+
+
+def targets_probe(worlds: tuple[int, ...]) -> Callable[[Path], list[Verdict]]:
+    def targets(out: Path) -> list[Verdict]:
+        verdicts = []
+        for world in worlds:
+            data = _load(out / f"probe-{world}.json")
+            shared = f"{world} ranks on one GPU: every wait of the probe completed"
+            if data is None:
+                verdicts.append(Verdict(shared, None, "nothing measured"))
+                continue
+            cases = [data.get(c, {}) for c in PROBE_CASES]
+            figures = ", ".join(
+                f"{c} {data.get(c, {}).get(k, float('nan')):.0f} us" for c, k in PROBE_CASES.items()
+            )
+            ok = data.get("ranks_on_device") == world and all(c.get("completed") for c in cases)
+            verdicts.append(Verdict(shared, ok, f"{data.get('ranks_on_device')} ranks on the GPU; {figures}"))
+        return verdicts
+
+    return targets
+
+
+def _tests_of(step_id: str) -> str:
+    """pytest for a step of the one-GPU suite, recording its worlds in ``$OUT/worlds-<step>.jsonl``."""
+    return f"rm -f $OUT/worlds-{step_id}.jsonl; IRIS_TEST_DURATIONS=$OUT/worlds-{step_id}.jsonl {PYTEST}"
+
+
+MEM_WATCHDOG = "packages/iris-mem/tests/test_mem_watchdog.py"
+SOAK_FILE = f"{CCL_TESTS}/test_ccl_soak.py"
+
+#: Together the pytest steps are ``pytest -m gpu packages tests`` (each file in one step);
+#: ranks beyond the one GPU share it, so the steps take longer than on two GPUs.
 ONE_GPU = [
     Step(
-        "one-gpu-mem",
+        "one-gpu-probe",
         1,
-        "iris-mem and iris-compat GPU tests, multi-rank cases at worlds 2-4 on one GPU",
-        f"{PYTEST} packages/iris-mem/tests packages/iris-compat/tests tests",
+        "a kernel spinning on a flag that a peer's later kernel sets, at 2 and 3 ranks on one GPU: it "
+        "completes (also with every SM held), and what a hand-off costs",
+        "set -e; for n in 2 3; do torchrun --standalone --nproc-per-node $n "
+        "benchmarks/mem/probe_shared_gpu.py --out $OUT/probe-$n.json; done",
+        "every case completes at 2 and 3 ranks (exit 0); the hand-off times are recorded",
+        240,
+        2,
+        targets_probe((2, 3)),
+    ),
+    Step(
+        "one-gpu-faults",
+        1,
+        "SIGKILL of one of three ranks, exceptions, heap.abort() and iris.ccl.abort(), call-signature "
+        "mismatches at world 3, wait timeouts, the watchdog: ranks sharing one GPU",
+        f"{_tests_of('one-gpu-faults')} {FAULT_FILES}",
+        "passes: survivors raise errors naming the dead rank, mismatches raise on every rank",
+        300,
+        4,
+        targets_worlds("one-gpu-faults", (2, 3)),
+    ),
+    Step(
+        "one-gpu-mem",
+        2,
+        "iris-mem and iris-compat GPU tests (but the watchdog's), multi-rank cases at worlds 2-4 on one GPU",
+        f"{_tests_of('one-gpu-mem')} packages/iris-mem/tests packages/iris-compat/tests tests "
+        f"--ignore={MEM_WATCHDOG}",
         "passes; the multi-rank cases run (not skipped)",
-        560,
-        5,
+        500,
+        7,
+        targets_worlds("one-gpu-mem"),
     ),
     Step(
         "one-gpu-ccl",
-        2,
-        "iris-ccl GPU tests at worlds 2-4 on one GPU",
-        f"{PYTEST} {CCL_TESTS} --ignore={CCL_TESTS}/test_ccl_soak.py",
+        3,
+        "the collectives' GPU tests (every variant, uneven all_to_all, ll, copy engine, CUDA graphs) at "
+        "worlds 2-4 on one GPU",
+        f"{_tests_of('one-gpu-ccl')} {CCL_CORE}",
         "passes; the multi-rank cases run",
         560,
-        8,
+        9,
+        targets_worlds("one-gpu-ccl"),
+    ),
+    Step(
+        "one-gpu-ccl-rest",
+        4,
+        "iris-ccl's other GPU tests: p2p, rooted, Gluon, custom ops under inductor, the iris backend with "
+        "a DTensor TP MLP, autograd, the examples",
+        f"{_tests_of('one-gpu-ccl-rest')} {CCL_TESTS} {_ignore(CCL_TESTS, CCL_CORE, FAULT_FILES, SOAK_FILE)}",
+        "passes; the multi-rank cases run",
+        560,
+        9,
+        targets_worlds("one-gpu-ccl-rest"),
     ),
     Step(
         "one-gpu-ops",
-        3,
-        "iris-ops GPU tests at worlds 2-4 on one GPU",
-        f"{PYTEST} {OPS_TESTS}",
+        5,
+        "the fused ops fused and composed (TMA on), real shapes, CUDA graphs, at worlds 2-4 on one GPU",
+        f"{_tests_of('one-gpu-ops')} {OPS_FUSED}",
         "passes; the multi-rank cases run",
         560,
+        9,
+        targets_worlds("one-gpu-ops"),
+    ),
+    Step(
+        "one-gpu-ops-rest",
+        6,
+        "all_reduce_rmsnorm (both forms), MoE (CUDA graphs with fresh routing), torch.ops.iris under "
+        "inductor, the decoder layer, the examples, on one GPU",
+        f"{_tests_of('one-gpu-ops-rest')} {OPS_TESTS} {_ignore(OPS_TESTS, OPS_FUSED)}",
+        "passes; the multi-rank cases run",
+        560,
+        9,
+        targets_worlds("one-gpu-ops-rest"),
+    ),
+    Step(
+        "one-gpu-soak",
         8,
+        "the GPU soak (random collectives, 2 ranks) for 180 s on one GPU",
+        f"IRIS_SOAK_RESULT=$OUT/soak-one-gpu.json {PYTEST} -s {SOAK_FILE}::test_soak_gpu",
+        "passes; the summary records no failure",
+        400,
+        4,
     ),
     Step(
         "one-gpu-examples",
-        4,
+        7,
         "the decoder-layer and MoE examples at 3 ranks, the tutorials at 2 and 3, on one GPU",
         'set -e; run() { echo "== $2 at $1 ranks"; torchrun --standalone --nproc-per-node $1 $2; }; '
         "for e in examples/25_tp_decoder.py examples/26_moe_layer.py; do run 3 $e; done; "
         "for n in 2 3; do for e in examples/3[0-3]_*.py; do run $n $e; done; done",
         "every example validates and exits 0",
-        560,
+        500,
         6,
+        targets_log_count("one-gpu-examples", "validated", 3 + 3 + 4 * (2 + 3)),
     ),
 ]
+
+#: Visible GPUs each suite needs: the two-GPU suite times and compares, which means nothing
+#: where ranks share a GPU.
+SUITE_GPUS = {"two-gpu": 2, "one-gpu": 1}
+
+
+def suite_refusal(suite: str, gpus: int) -> str | None:
+    """Why ``suite`` cannot run on a machine with ``gpus`` visible GPUs, or None."""
+    needed = SUITE_GPUS[suite]
+    if gpus >= needed:
+        return None
+    if suite == "two-gpu":
+        return (
+            f"the two-gpu suite needs {needed} GPUs, {gpus} visible: with fewer its ranks would share a GPU, "
+            "where the benchmarks refuse to time and no ratio means anything. Run --suite one-gpu"
+        )
+    return f"the {suite} suite needs a GPU, none is visible"
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use: ``CUDA_VISIBLE_DEVICES``' entries when set, else the
+    GPUs ``nvidia-smi -L`` lists (0 without it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+
 
 SUITES = {
     # every rank on its own GPU
@@ -1186,6 +1345,10 @@ def main(argv=None) -> int:
     if not chosen and not args.summary:
         parser.error("choose --part N, --step ID or --all (or --summary); see --list")
     ok = True
+    if chosen and not args.dry_run:
+        refusal = suite_refusal(args.suite, visible_gpus())
+        if refusal is not None:
+            parser.exit(2, f"acceptance.py: {refusal}\n")
     if chosen:
         env = {} if args.dry_run else environment(out, suite_env, args.source)
         for number, members in parts(chosen).items():

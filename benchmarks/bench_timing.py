@@ -17,6 +17,10 @@ median over the rounds of the device time of one call (CUDA events), maximum ove
 Every rank must pass the same contenders in the same order: the ranks agree on the number
 of calls per graph and on which contenders failed (those are left out everywhere), so the
 collectives inside the contenders stay matched.
+
+Times mean nothing where ranks share a GPU (the GPU runs their kernels in turns): every
+benchmark calls :func:`refuse_shared_gpu` once its process group is up, which exits with a
+message instead of timing anything there.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
+import iris.mem
+from iris.ccl import tuning
 
 #: ``--dtype`` of the benchmarks: its names and torch dtypes (the fp8 formats under torch's names).
 DTYPES = {
@@ -60,6 +67,28 @@ def command_line() -> str:
     ]
     settings = [f"{k}={os.environ[k]}" for k in ("IRIS_CCL_TABLE", "IRIS_OPS_TABLE") if os.environ.get(k)]
     return shlex.join([*settings, *launcher, script, *sys.argv[1:]])
+
+
+def use_rank_gpu() -> torch.device:
+    """Make this rank's GPU current (``LOCAL_RANK`` modulo the GPUs present, as Iris maps
+    ranks to GPUs) and return it."""
+    device = iris.mem.default_device()
+    torch.cuda.set_device(device)
+    return device
+
+
+def refuse_shared_gpu(caps: iris.mem.Capabilities | None = None) -> iris.mem.Capabilities:
+    """Exit with a message (status 2; :func:`iris.ccl.tuning.refuse_timing`) when ranks share
+    this rank's GPU, before anything is timed, written or compared; else return the
+    capabilities. Without ``caps`` the ranks first compare their GPUs
+    (:func:`iris.mem.node_layout`, collective: call it on every rank, after the process group
+    is up)."""
+    if caps is None:
+        if dist.is_initialized():
+            iris.mem.node_layout()
+        caps = iris.mem.capabilities()
+    tuning.refuse_timing(caps, os.path.relpath(os.path.abspath(sys.argv[0]), ROOT))
+    return caps
 
 
 def any_rank(flags: list[bool]) -> list[bool]:

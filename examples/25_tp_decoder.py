@@ -6,8 +6,9 @@ residual add, RMSNorm, a gated SiLU MLP (gate and up as one column-parallel line
 row-parallel down projection), residual add. Each rank holds its slice of the heads and of
 the MLP's hidden units. The same layer code runs with the communication done by:
 
-* ``nccl``: torch.distributed collectives on the default group (NCCL on GPUs, gloo on the
-  CPU backend): ``all_reduce`` after each row-parallel linear;
+* ``nccl`` (or ``gloo``): torch.distributed collectives on the default group, named after
+  what moves its GPU tensors (NCCL on GPUs; gloo on the CPU backend and where ranks share a
+  GPU, which NCCL refuses): ``all_reduce`` after each row-parallel linear;
 * ``iris``: the same torch.distributed calls on a group made with ``backend="iris"``, so
   they run on :mod:`iris.ccl`;
 * ``fused``: :func:`iris.ops.matmul_all_reduce` for each row-parallel linear (GEMM and
@@ -17,15 +18,18 @@ the MLP's hidden units. The same layer code runs with the communication done by:
   :func:`iris.ops.matmul_reduce_scatter` for the row-parallel ones.
 
 Each form runs eagerly and under ``torch.compile(fullgraph=True)`` (``aot_eager`` on the CPU
-backend; inductor with ``mode="reduce-overhead"``, i.e. CUDA graphs, on GPUs), for a prefill
+backend; inductor with ``mode="reduce-overhead"``, i.e. CUDA graphs, on GPUs, but for the
+``gloo`` form, whose copies through host memory a graph cannot hold), for a prefill
 (one causal sequence) and a decode step (one new token per sequence against a KV cache), and
 every output is checked against the unsharded layer computed in float64 on one device.
 ``benchmarks/ops/bench_decoder.py`` times the same layer at Llama-3 shapes.
 
 The world size must divide the number of KV heads and of tokens (the shapes here work for 1,
-2, 3 and 6 ranks; the layer raises ``ValueError`` otherwise).
+2, 3 and 6 ranks on the CPU backend, 1, 2, 3, 4, 6 and 8 on GPUs; the layer raises
+``ValueError`` otherwise).
 
-Run: ``torchrun --nproc_per_node=3 examples/25_tp_decoder.py`` (no GPU needed).
+Run: ``torchrun --nproc_per_node=3 examples/25_tp_decoder.py`` (no GPU needed; on one GPU the
+three ranks share it).
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ LLAMA3_8B = LayerShape(hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=1433
 LLAMA3_70B = LayerShape(hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672)
 #: Small enough for Triton's interpreter; no size a multiple of a tile; 1, 2, 3, 6 ranks.
 TINY = LayerShape(hidden=40, heads=12, kv_heads=6, head_dim=8, ffn=66)
+#: The example's shape on GPUs: 1, 2, 3, 4, 6 or 8 ranks (on as many GPUs, or fewer, shared).
+SMALL = LayerShape(hidden=1536, heads=48, kv_heads=24, head_dim=32, ffn=4224)
 
 
 # --------------------------------------------------------------------------- weights
@@ -336,10 +342,13 @@ def reference_layer(w: dict[str, torch.Tensor], x: torch.Tensor, shape: LayerSha
 
 
 def make_forms(world: int) -> dict[str, object]:
-    """The communication of each form (collective: makes the iris group on every rank)."""
+    """The communication of each form (collective: makes the iris group on every rank). The
+    default group's form is named after what moves its GPU tensors: NCCL, or gloo (the CPU
+    backend, and GPUs shared by several ranks, which NCCL refuses)."""
     iris_group = dist.new_group(backend="iris")  # torch.distributed calls on it run on iris.ccl
+    default = "nccl" if "nccl" in str(dist.get_backend_config()) else "gloo"
     return {
-        "nccl": TorchComm(dist.group.WORLD),
+        default: TorchComm(dist.group.WORLD),
         "iris": TorchComm(iris_group),
         "fused": FusedComm(None),
         "fused_sp": FusedComm(None, sequence_parallel=True),
@@ -351,9 +360,9 @@ def main() -> int:
 
     rank, world, device = setup()
     gpu = device.type == "cuda"
-    shape = LayerShape(hidden=1024, heads=16, kv_heads=8, head_dim=64, ffn=2816) if gpu else TINY
+    shape = SMALL if gpu else TINY
     dtype = torch.bfloat16 if gpu else torch.float32
-    tokens, context = (64, 100) if gpu else (6, 5)  # tokens divisible by the world (sequence parallel)
+    tokens, context = (48, 100) if gpu else (6, 5)  # tokens divisible by the world (sequence parallel)
     compile_kw = {"mode": "reduce-overhead"} if gpu else {"backend": "aot_eager"}
     errors: list[str] = []
     try:
@@ -385,7 +394,10 @@ def main() -> int:
             mine = slice(rank * tokens // world, (rank + 1) * tokens // world) if comm.sp else slice(None)
             check(errors, f"{case} {form} eager", layer(x[mine]), want[mine], atol=tol)
             torch.compiler.reset()  # a fresh compile per layer (each would count as a recompile)
-            compiled = torch.compile(layer, fullgraph=True, dynamic=False, **compile_kw)
+            # gloo moves GPU tensors through host memory, which a CUDA graph cannot capture:
+            # its form compiles with inductor alone (no CUDA graphs)
+            kw = {} if gpu and form == "gloo" else compile_kw
+            compiled = torch.compile(layer, fullgraph=True, dynamic=False, **kw)
             for i in range(3 if gpu else 1):  # on GPUs: warm-up, capture, replay of the CUDA graph
                 torch.compiler.cudagraph_mark_step_begin()  # a new call: earlier outputs may be reused
                 out = compiled(x[mine]).clone()

@@ -7,24 +7,27 @@ import sys
 import torch
 import torch.distributed as dist
 
-import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are interpreted
+import iris.mem  # first: it decides whether Triton kernels are interpreted
+from iris.mem import bootstrap
 
 
 def setup() -> tuple[int, int, torch.device]:
-    """Join the torchrun job (NCCL on GPUs, gloo on the CPU backend): rank, world, device."""
+    """Join the torchrun job: rank, world, device. The process group is the one Iris would
+    make (:func:`iris.mem.bootstrap.group_backend`): NCCL for GPU tensors and gloo for CPU
+    tensors on GPUs, gloo alone on the CPU backend and where ranks share a GPU (more ranks
+    than GPUs: NCCL refuses two ranks on one GPU)."""
     on_gpu = torch.cuda.is_available() and os.environ.get("IRIS_BACKEND", "cuda") != "cpu"
+    device = iris.mem.default_device()  # on GPUs: LOCAL_RANK modulo the GPUs present
     if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
         # Exiting with a live process group can abort the process; tear it down at exit.
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        backend = bootstrap.group_backend("cuda" if on_gpu else "cpu")
         if "RANK" in os.environ:
-            dist.init_process_group("nccl" if on_gpu else "gloo")
+            dist.init_process_group(backend)
         else:  # a world of one without a launcher
-            dist.init_process_group(
-                "nccl" if on_gpu else "gloo", store=dist.HashStore(), rank=0, world_size=1
-            )
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size(), device
 
 

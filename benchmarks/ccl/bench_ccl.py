@@ -41,7 +41,7 @@ import iris.ccl
 import iris.mem
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import DTYPES, any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import DTYPES, any_rank, command_line, interleaved_us, refuse_shared_gpu, use_rank_gpu  # noqa: E402 - benchmarks/bench_timing.py
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 8 KiB x 4**i up to 1 GiB, and 1 MiB (a target size of the all-reduce).
@@ -266,8 +266,9 @@ def main() -> int:
     args.variants = [v for v in args.variants.split(",") if v]
     args.interleave = not args.sequential
     shapes = _parse_shapes(args.configs)
+    use_rank_gpu()
     dist.init_process_group("nccl")
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    refuse_shared_gpu()  # before anything is timed: ranks sharing a GPU measure nothing
     dtype = DTYPES[args.dtype]
     world = dist.get_world_size()
     explicit = sorted(_parse_size(v) for v in args.sizes.split(",") if v)

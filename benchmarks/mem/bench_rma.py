@@ -34,7 +34,7 @@ import iris.mem
 from iris.mem.triton import Context
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import command_line  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import command_line, refuse_shared_gpu  # noqa: E402 - benchmarks/bench_timing.py
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SIZES = [4 * KiB * 4**i for i in range(11) if 4 * KiB * 4**i <= GiB]  # 4 KiB .. 1 GiB
@@ -279,6 +279,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=15, help="timed repetitions per point")
     args = parser.parse_args()
     heap = iris.mem.init(4 * GiB)
+    refuse_shared_gpu(heap.capabilities)  # ranks sharing a GPU measure nothing
     rank, world = heap.rank, heap.world_size
     if heap.backend != "cuda" or world < 2:
         print("bench_rma needs the cuda backend and at least 2 ranks (torchrun --nproc_per_node=2)")

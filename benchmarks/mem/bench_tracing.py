@@ -43,7 +43,7 @@ from iris.mem.triton import HEAP_BASES_OFFSET, Context
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_rma import _max_over_ranks, _median_time_us  # the same timing as the RMA benchmark
-from bench_timing import command_line  # benchmarks/bench_timing.py
+from bench_timing import command_line, refuse_shared_gpu  # benchmarks/bench_timing.py
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [16 * KiB, 256 * KiB, 4 * MiB, 64 * MiB]  # bytes per rank
@@ -79,6 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     heap = iris.mem.init(SIZES[-1] * (world + 1) + (64 << 20))  # input + output of the largest size
+    refuse_shared_gpu(heap.capabilities)  # ranks sharing a GPU measure nothing
     rank = heap.rank
     src_all = heap.empty(SIZES[-1] // 2, dtype=torch.bfloat16)
     dst_all = heap.empty(SIZES[-1] // 2 * world, dtype=torch.bfloat16)

@@ -58,7 +58,7 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "25_tp_decoder.py")
 sys.path.insert(0, os.path.dirname(HERE))
-from bench_timing import any_rank, command_line, start_together  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, command_line, refuse_shared_gpu, start_together, use_rank_gpu  # noqa: E402 - benchmarks/bench_timing.py
 
 FORMS = ("nccl", "iris", "fused", "nccl_sp", "iris_sp", "fused_sp", "local", "local_sp")
 MODES = ("eager", "compiled", "graphed")
@@ -316,9 +316,9 @@ def main() -> int:
         defaults = {"decode": "1,16,64", "prefill": "2048,8192", "context": 1024}
         models = {"8b": ex.LLAMA3_8B, "70b": ex.LLAMA3_70B}
         models = {m: models[m] for m in args.models.split(",") if m}
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        DEVICE, args.target_us = torch.device("cuda", torch.cuda.current_device()), 2000.0
+        DEVICE, args.target_us = use_rank_gpu(), 2000.0
         dist.init_process_group("nccl")
+    refuse_shared_gpu()  # before anything is timed: ranks sharing a GPU measure nothing
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)

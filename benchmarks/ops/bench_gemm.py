@@ -37,7 +37,7 @@ import triton.language as tl
 from iris.ops._gemm import grouped_tile  # the tile order of iris.ops (GROUP_M rows at a time)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import interleaved_us, refuse_shared_gpu, use_rank_gpu  # noqa: E402 - benchmarks/bench_timing.py
 
 #: (block_m, block_n, block_k, num_warps, num_stages, warp_specialize) of the plain GEMM,
 #: for prefill shapes and for decode shapes (M <= 128).
@@ -102,8 +102,9 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--shapes", default="", help="comma-separated MxNxK, e.g. 1024x8192x4096")
     args = parser.parse_args()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    use_rank_gpu()
     dist.init_process_group("nccl")
+    refuse_shared_gpu()  # before anything is timed: ranks sharing a GPU measure nothing
     if dist.get_world_size() != 1:
         raise SystemExit("bench_gemm.py runs on one GPU: torchrun --nproc-per-node 1")
     import iris.mem

@@ -52,7 +52,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import DTYPES, command_line  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import DTYPES, command_line, refuse_shared_gpu  # noqa: E402 - benchmarks/bench_timing.py
+
+import iris.mem  # noqa: E402
 
 #: Channels per fp8 scale (DeepSeek-V3's block size).
 SCALE_BLOCK = 128
@@ -60,7 +62,7 @@ SCALE_BLOCK = 128
 
 def _device() -> torch.device:
     if torch.cuda.is_available() and os.environ.get("IRIS_BACKEND", "cuda") != "cpu":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return iris.mem.default_device()  # LOCAL_RANK modulo the GPUs present
     return torch.device("cpu")
 
 
@@ -327,6 +329,7 @@ def main() -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    refuse_shared_gpu()  # before anything is timed: ranks sharing a GPU measure nothing
     import iris.ops
 
     rank = dist.get_rank()

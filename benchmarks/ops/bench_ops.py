@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import DTYPES, any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import DTYPES, any_rank, command_line, interleaved_us, refuse_shared_gpu, use_rank_gpu  # noqa: E402 - benchmarks/bench_timing.py
 
 SHAPES = [(8192, 8192, 4096), (1024, 8192, 4096), (16384, 3584, 8192)]
 DECODE = [(m, 8192, 4096) for m in (1, 16, 64, 128)]
@@ -448,8 +448,9 @@ def main() -> int:
         DEVICE = "cpu"
         dist.init_process_group("gloo")
     else:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        use_rank_gpu()
         dist.init_process_group("nccl")
+    refuse_shared_gpu()  # before anything is timed: ranks sharing a GPU measure nothing
     bench = Bench(DTYPES[args.dtype])
     ops = [op for op in args.ops.split(",") if op]
     shapes = SMOKE if args.smoke else QUICK if args.quick else SHAPES + DECODE

@@ -35,7 +35,7 @@ import triton.language as tl
 from iris.ops._gemm import grouped_tile  # the tile order of iris.ops (GROUP_M rows at a time)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, interleaved_us, refuse_shared_gpu, use_rank_gpu  # noqa: E402 - benchmarks/bench_timing.py
 
 BLOCK_M, BLOCK_N, BLOCK_K = 128, 256, 64
 SHAPES = [(1024, 8192, 4096), (8192, 8192, 4096)]
@@ -111,8 +111,9 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/ops/results")
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    use_rank_gpu()
     dist.init_process_group("nccl")
+    refuse_shared_gpu()  # before anything is timed: ranks sharing a GPU measure nothing
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != 2:
         raise SystemExit("bench_remote_tiles.py runs on two GPUs: torchrun --nproc-per-node 2")

@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_timing import any_rank, command_line, interleaved_us  # noqa: E402 - benchmarks/bench_timing.py
+from bench_timing import any_rank, command_line, interleaved_us, refuse_shared_gpu, use_rank_gpu  # noqa: E402 - benchmarks/bench_timing.py
 
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 HIDDEN = (4096, 8192)
@@ -280,8 +280,9 @@ def main() -> int:
         DEVICE = "cpu"
         dist.init_process_group("gloo")
     else:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        use_rank_gpu()
         dist.init_process_group("nccl")
+    refuse_shared_gpu()  # before anything is timed: ranks sharing a GPU measure nothing
     rows, failures = run(shapes_of(args), DTYPES[args.dtype], args.reps, not (args.smoke or args.no_compile))
     if dist.get_rank() == 0:
         _report(rows, failures, args, dist.get_world_size())

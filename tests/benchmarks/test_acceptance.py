@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "acceptance.py"
@@ -36,6 +37,7 @@ def _module(name: str, path: Path):
 
 acc = _module("acceptance_under_test", SCRIPT)
 tables = _module("perf_tables_under_test", ROOT / "benchmarks" / "perf_tables.py")
+timing = _module("bench_timing_under_test", ROOT / "benchmarks" / "bench_timing.py")
 ALL_STEPS = [s for steps, _ in acc.SUITES.values() for s in steps]
 
 
@@ -238,3 +240,69 @@ def test_benchmarks_take_fp8_dtypes(script):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "float8_e4m3fn" in done.stdout and "float8_e5m2" in done.stdout
+
+
+# ---- ranks sharing a GPU: the one-GPU suite's counts, and the refusals ---------------------------
+
+
+def test_one_gpu_steps_count_their_worlds_per_package_and_size(tmp_path):
+    """What the summary says of a pytest step of the one-GPU suite, from the worlds its run
+    recorded (``IRIS_TEST_DURATIONS`` lines)."""
+    step = next(s for s in acc.ONE_GPU if s.id == "one-gpu-ccl")
+    assert "IRIS_TEST_DURATIONS=$OUT/worlds-one-gpu-ccl.jsonl" in step.command
+    records = [
+        ("packages/iris-ccl/tests/test_ccl_all_reduce.py::test_all_reduce_matches_torch[2]", 2),
+        ("packages/iris-ccl/tests/test_ccl_all_reduce.py::test_all_reduce_matches_torch[3]", 3),
+        ("packages/iris-ccl/tests/test_ccl_gpu.py::test_cuda_graph_capture_and_replay[heap-3]", 3),
+        ("packages/iris-mem/tests/test_mem_rma.py::test_rma_all_pairs_all_dtypes[2]", 2),
+    ]
+    path = tmp_path / "worlds-one-gpu-ccl.jsonl"
+    lines = [json.dumps({"test": t, "world_size": n, "timeout": 1, "seconds": 1}) for t, n in records]
+    path.write_text("\n".join(lines) + "\n")
+    (verdict,) = step.targets(tmp_path)
+    assert verdict.ok is False  # no world of 4 ranks ran
+    assert verdict.measured == "iris-ccl: 2 ranks x1, 3 ranks x2; iris-mem: 2 ranks x1", verdict.measured
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": records[0][0], "world_size": 4, "timeout": 1, "seconds": 1}) + "\n")
+    assert step.targets(tmp_path)[0].ok is True
+
+
+def test_the_probe_step_needs_every_case_completed_with_the_gpu_shared(tmp_path):
+    step = next(s for s in acc.ONE_GPU if s.id == "one-gpu-probe")
+    cases = {c: {"completed": True, key: 12.5} for c, key in acc.PROBE_CASES.items()}
+    (tmp_path / "probe-2.json").write_text(json.dumps({"ranks_on_device": 2, **cases}))
+    (tmp_path / "probe-3.json").write_text(json.dumps({"ranks_on_device": 1, **cases}))  # not shared
+    two, three = step.targets(tmp_path)
+    assert two.ok is True and "late_flag 12 us" in two.measured, two
+    assert three.ok is False
+
+
+def test_a_benchmark_refuses_where_ranks_share_the_gpu(capsys):
+    from iris.mem.testing import hopper_capabilities
+
+    assert not dist.is_initialized(), "a test left a process group in the pytest process"
+    own = hopper_capabilities(1)
+    assert timing.refuse_shared_gpu(own) is own
+    with pytest.raises(SystemExit) as exit_info:
+        timing.refuse_shared_gpu(hopper_capabilities(2))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "2 ranks share this GPU" in err and "no ratio printed" in err, err
+
+
+def test_every_benchmark_refuses_before_it_times():
+    """Each benchmark script calls the refusal once its heap or process group is up."""
+    scripts = sorted((ROOT / "benchmarks").glob("*/bench_*.py"))
+    assert scripts
+    missing = [p.relative_to(ROOT).as_posix() for p in scripts if "refuse_shared_gpu(" not in p.read_text()]
+    assert not missing, f"benchmarks that would time ranks sharing a GPU: {missing}"
+
+
+def test_the_two_gpu_suite_refuses_fewer_than_two_gpus(monkeypatch):
+    assert acc.suite_refusal("two-gpu", 2) is None
+    message = acc.suite_refusal("two-gpu", 1)
+    assert message is not None and "--suite one-gpu" in message and "share a GPU" in message
+    assert acc.suite_refusal("one-gpu", 1) is None and acc.suite_refusal("one-gpu", 0) is not None
+    for value, count in (("0", 1), ("0,1", 2), ("", 0), ("3, 5, 7", 3), ("-1", 0)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert acc.visible_gpus() == count, value

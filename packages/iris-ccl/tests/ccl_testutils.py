@@ -7,8 +7,13 @@ GPUs (``IRIS_BACKEND=cuda``, tests marked ``gpu``).
 
 import os
 
-import pytest
 import torch
+
+import iris.mem
+
+# require_world(world_size, separate_gpus=None): skip unless this machine can run the world
+# (ranks beyond the GPUs share them; a case that needs a GPU per rank says why it skips)
+from iris.mem.testing import require_world  # noqa: F401 - the tests import it from here
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
@@ -25,18 +30,11 @@ WORLD_SIZES = [1, 2, 3, 4]
 SIZES = [1, 7, 1000, 4099]
 
 
-def require_world(world_size: int) -> None:
-    """Skip when the GPU tier has fewer GPUs than ranks."""
-    if BACKEND == "cuda" and torch.cuda.device_count() < world_size:
-        pytest.skip(
-            f"a world of {world_size} ranks needs {world_size} GPUs, found {torch.cuda.device_count()}"
-        )
-
-
 def device() -> torch.device:
-    """This rank's device inside a world (run_world sets LOCAL_RANK)."""
+    """This rank's device inside a world: its GPU (``LOCAL_RANK``, which run_world sets,
+    modulo the GPUs present), or the CPU."""
     if BACKEND == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return iris.mem.default_device()
     return torch.device("cpu")
 
 

@@ -6,8 +6,8 @@ each rank returns its mismatch descriptions. Split sizes come from a matrix ever
 draws from the same seed (rank ``i`` sends row ``i``, receives column ``i``): random,
 skewed (one rank receives most), with zeros (a rank sends nothing, another receives
 nothing), all zero, and large (several ``ll`` tiles or bulk rounds per pair). The GPU
-tests at the end (``IRIS_BACKEND=cuda``, 2 GPUs) capture calls in CUDA graphs and replay
-them.
+tests at the end (``IRIS_BACKEND=cuda``, worlds of 2-4 on any number of GPUs) capture calls
+in CUDA graphs and replay them.
 """
 
 import os
@@ -403,10 +403,6 @@ def test_uneven_mismatch_raises_on_every_rank_in_debug_mode():
 # --------------------------------------------------------------------------- GPUs: CUDA graphs
 
 
-def _gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def graph_body(rank, world_size, use_heap: bool):
     """Warm-up, capture in a CUDA graph, three replays with fresh inputs (same storage, same
     split sizes), every variant and pattern, bf16 rows of 4096 (the large pattern moves
@@ -414,7 +410,7 @@ def graph_body(rank, world_size, use_heap: bool):
     import iris.ccl as ccl
     import iris.mem
 
-    dev = torch.device("cuda", rank)
+    dev = device()  # LOCAL_RANK modulo the GPUs present
     torch.cuda.set_device(dev)
     bad: list[str] = []
     cases = 0
@@ -466,10 +462,10 @@ def graph_body(rank, world_size, use_heap: bool):
 
 
 @pytest.mark.skipif(BACKEND != "cuda", reason="GPU-only test: run with IRIS_BACKEND=cuda")
-@pytest.mark.skipif(_gpus() < 2, reason=f"needs at least 2 GPUs, found {_gpus()}")
 @pytest.mark.parametrize("use_heap", [True, False], ids=["heap", "plain"])
-def test_uneven_cuda_graph_capture_and_replay(use_heap):
-    _assert_clean(_run(2, graph_body, use_heap), min_cases=len(VARIANTS) * 4)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_uneven_cuda_graph_capture_and_replay(world_size, use_heap):
+    _assert_clean(_run(world_size, graph_body, use_heap), min_cases=len(VARIANTS) * 4)
 
 
 def large_body(rank, world_size):
@@ -478,7 +474,7 @@ def large_body(rank, world_size):
     import iris.ccl as ccl
     import iris.mem
 
-    dev = torch.device("cuda", rank)
+    dev = device()
     torch.cuda.set_device(dev)
     rows = (64 << 20) // (2 * 4096)
     m = [
@@ -507,6 +503,5 @@ def large_body(rank, world_size):
 
 
 @pytest.mark.skipif(BACKEND != "cuda", reason="GPU-only test: run with IRIS_BACKEND=cuda")
-@pytest.mark.skipif(_gpus() < 2, reason=f"needs at least 2 GPUs, found {_gpus()}")
 def test_uneven_64mib_skewed_back_to_back():
     _assert_clean(_run(2, large_body), min_cases=len(VARIANTS))

@@ -24,7 +24,8 @@ from iris.mem.testing import run_world
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
-WORLD = 3 if BACKEND == "cpu" else 2
+#: 3 ranks on both tiers (on GPUs, ranks beyond the number of GPUs share them).
+WORLD = 3
 WORLD_TIMEOUT = 300.0
 #: The iris.ccl functions the backend may call (each wrapped to count its calls).
 CCL_FUNCS = (
@@ -462,12 +463,14 @@ def _tensor_parallel_body(rank: int, world: int) -> dict:
     return {"bad": bad, "calls": dict(counts)}
 
 
-def test_functional_collectives_and_tensor_parallel():
+# worlds 2, 3 and 4 on GPUs (on any number of them); the world of 3 on the CPU tier
+@pytest.mark.parametrize("world", [2, 3, 4] if BACKEND == "cuda" else [WORLD])
+def test_functional_collectives_and_tensor_parallel(world):
     """funcol all_reduce / all_gather_tensor / reduce_scatter_tensor / all_to_all_single
     (eager, and compiled with fullgraph=True), a ColwiseParallel/RowwiseParallel MLP on a mesh
     of an iris group matching the unsharded model, and DDP on the group, all through
     iris.ccl."""
-    results = _run(_tensor_parallel_body)
+    results = _run(_tensor_parallel_body, world=world)
     problems = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["bad"]]
     assert not problems, "\n".join(problems)
 

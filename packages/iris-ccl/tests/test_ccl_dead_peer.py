@@ -1,7 +1,7 @@
 """A rank of a loop of iris.ccl collectives dies: the others end within seconds with an error
 naming it (default settings: the wait timeout is 300 s); iris.ccl.abort() stops a collective
 spinning on a peer that never comes. (The conftest fixture checks /dev/shm is left clean.)
-3 ranks on the CPU backend; the GPU tier (``IRIS_BACKEND=cuda``) runs the same at 2 ranks."""
+3 ranks on both tiers (on GPUs, ranks beyond the number of GPUs share them)."""
 
 import os
 import signal
@@ -14,26 +14,24 @@ import torch.distributed as dist
 
 import iris.ccl
 import iris.mem
-from iris.mem.testing import launch_world, run_world
+from iris.mem.testing import gpu_skip_reason, launch_world, run_world
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
-#: Ranks of the dead-rank worlds: 3 on the CPU backend, 2 in the GPU tier (one GPU each).
-WORLD = 2 if BACKEND == "cuda" else 3
+#: Ranks of the dead-rank worlds: 3, on any number of GPUs (ranks share them beyond it).
+WORLD = 3
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        BACKEND == "cuda" and torch.cuda.device_count() < 2, reason="the GPU tier needs 2 GPUs"
-    ),
+    pytest.mark.skipif(gpu_skip_reason(WORLD) is not None, reason=gpu_skip_reason(WORLD) or ""),
 ]
 
 
 def _device() -> torch.device:
-    """This rank's device (launch_world numbers the GPUs by rank)."""
-    if BACKEND == "cuda":
-        torch.cuda.set_device(dist.get_rank())
-        return torch.device("cuda", dist.get_rank())
-    return torch.device("cpu")
+    """This rank's device: its GPU (LOCAL_RANK modulo the GPUs present), or the CPU."""
+    device = iris.mem.default_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def _finish(x: torch.Tensor) -> None:

@@ -3,8 +3,8 @@ hang, and (conftest's autouse fixture) leaves nothing behind in /dev/shm.
 
 On the CPU backend the collective itself raises; on GPUs a kernel's wait timeout is recorded
 in device memory and ``iris.ccl.check_errors()`` (called here after each collective, as a
-user would after a synchronisation point) raises it. GPU tier: 2 ranks, one per GPU, and a
-wait timeout of a second (2 s on the CPU backend).
+user would after a synchronisation point) raises it. Both tiers: 3 ranks (on GPUs, ranks
+beyond the number of GPUs share them) and a wait timeout of 2 s.
 """
 
 import json
@@ -17,28 +17,27 @@ import torch
 
 import iris.ccl
 import iris.mem
-from iris.mem.testing import launch_world
+from iris.mem.testing import gpu_skip_reason, launch_world
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
+WORLD = 3
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        BACKEND == "cuda" and torch.cuda.device_count() < 2, reason="the GPU tier needs 2 GPUs"
-    ),
+    pytest.mark.skipif(gpu_skip_reason(WORLD) is not None, reason=gpu_skip_reason(WORLD) or ""),
 ]
 
-WORLD = 2 if BACKEND == "cuda" else 3
 #: The wait timeout alone (the watchdog, which would see an exited peer first, is off:
 #: test_ccl_dead_peer.py covers it).
-SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "1" if BACKEND == "cuda" else "2", "IRIS_WATCHDOG": "0"}
+SHORT_WAIT = {"IRIS_WAIT_TIMEOUT": "2", "IRIS_WATCHDOG": "0"}
 
 
 def _device(rank: int) -> torch.device:
-    if BACKEND == "cuda":
-        torch.cuda.set_device(rank)
-        return torch.device("cuda", rank)
-    return torch.device("cpu")
+    """This rank's device: its GPU (LOCAL_RANK modulo the GPUs present), or the CPU."""
+    device = iris.mem.default_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def _collective(fn, *args, **kwargs) -> None:

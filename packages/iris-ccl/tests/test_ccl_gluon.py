@@ -5,9 +5,10 @@ Gluon kernels do not run in Triton's interpreter. The CPU tier checks the clear 
 (16-byte vector stores, release/acquire flags at system scope). test_ccl_all_gather's whole
 matrix runs the variant on GPUs (``IRIS_BACKEND=cuda``), and test_ccl_gpu captures and
 replays it in CUDA graphs. The GPU tests here add what those do not reach: sizes whose
-tiles are stored as 16-byte vectors, compared with NCCL's ``all_gather_into_tensor``; graph
-replay on that path; the variant interleaved with the Triton ones on one communicator; and
-a wait that times out being reported.
+tiles are stored as 16-byte vectors, compared with NCCL's ``all_gather_into_tensor`` (gloo's
+where ranks share a GPU: NCCL refuses two ranks on one GPU); graph replay on that path; the
+variant interleaved with the Triton ones on one communicator; and a wait that times out
+being reported.
 """
 
 import os
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from ccl_testutils import BACKEND, device, dtype_name, make_input, mismatch, require_world, setup_rank
 
-from iris.mem.testing import launch_world, run_world
+from iris.mem.testing import launch_world, run_world, shares_gpus
 
 pytestmark = [pytest.mark.timeout(600)]
 gpu_only = pytest.mark.skipif(BACKEND != "cuda", reason="Gluon kernels need GPUs: run with IRIS_BACKEND=cuda")
@@ -64,8 +65,14 @@ def test_gluon_variant_on_the_cpu_backend_says_it_needs_cuda():
 # --------------------------------------------------------------------------- GPU tier
 
 
+def reference_group(world_size: int):
+    """The group the references come from: NCCL with a GPU per rank, else gloo (which moves
+    the GPU tensors through host memory)."""
+    return dist.new_group(backend="gloo" if shares_gpus(world_size) else "nccl")
+
+
 def nccl_all_gather(x: torch.Tensor, group) -> torch.Tensor:
-    """NCCL's ``all_gather_into_tensor`` of ``x`` (flat) over ``group``."""
+    """torch.distributed's ``all_gather_into_tensor`` of ``x`` (flat) over ``group``."""
     want = torch.empty(x.numel() * dist.get_world_size(group), dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(want, x.reshape(-1), group=group)
     return want
@@ -78,7 +85,7 @@ def sizes_body(rank, world_size):
     import iris.ccl as ccl
     import iris.mem
 
-    nccl = dist.new_group(backend="nccl")
+    nccl = reference_group(world_size)
     bad: list[str] = []
     cases = 0
     with iris.mem.init(len(DTYPES) * (world_size + 1) * max(SIZES) * 8 + (1 << 24)) as heap:
@@ -106,7 +113,7 @@ def sizes_body(rank, world_size):
 
 @gpu_only
 @pytest.mark.gpu
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_gluon_all_gather_matches_nccl(world_size):
     require_world(world_size)
     results = run_world(sizes_body, world_size, timeout=WORLD_TIMEOUT)
@@ -122,7 +129,7 @@ def graph_body(rank, world_size):
     import iris.ccl as ccl
     import iris.mem
 
-    nccl = dist.new_group(backend="nccl")
+    nccl = reference_group(world_size)
     bad: list[str] = []
     with iris.mem.init(1 << 28) as heap:
         for n in (4096 * 6, 100_003):
@@ -169,7 +176,7 @@ def interleaved_body(rank, world_size, calls):
     import iris.ccl as ccl
     import iris.mem
 
-    nccl = dist.new_group(backend="nccl")
+    nccl = reference_group(world_size)
     bad: list[str] = []
     n = 1024 * 3 + 16
     with iris.mem.init(1 << 24) as heap:

@@ -1,4 +1,5 @@
-"""GPU-only tests of iris.ccl (``IRIS_BACKEND=cuda``, at least 2 GPUs; ``pytest -m gpu``).
+"""GPU-only tests of iris.ccl (``IRIS_BACKEND=cuda``, ``pytest -m gpu``), on any number of
+GPUs: ranks beyond it share GPUs (a world of 4 on one GPU is four processes taking turns).
 
 * CUDA graphs: every collective iris.ccl has when the test runs (all_reduce in every
   variant; all_gather, reduce_scatter, all_to_all, broadcast, reduce, scatter, gather when
@@ -25,22 +26,16 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import make_input, mismatch, require_world
+from ccl_testutils import device, make_input, mismatch, require_world
 
 from iris.mem.testing import run_world
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 
-
-def _gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.timeout(1200),
     pytest.mark.skipif(BACKEND != "cuda", reason="GPU-only test: run with IRIS_BACKEND=cuda"),
-    pytest.mark.skipif(_gpus() < 2, reason=f"needs at least 2 GPUs, found {_gpus()}"),
 ]
 
 ROUNDS = 3
@@ -162,7 +157,7 @@ def _check(case: Case, rank: int, gathered, what: str) -> str | None:
 
 
 def graph_body(rank, world_size, use_heap: bool):
-    dev = torch.device("cuda", rank)
+    dev = device()  # LOCAL_RANK modulo the GPUs present
     torch.cuda.set_device(dev)
     import iris.ccl as ccl
     import iris.mem
@@ -232,7 +227,7 @@ def graph_body(rank, world_size, use_heap: bool):
 
 
 @pytest.mark.parametrize("use_heap", [True, False], ids=["heap", "plain"])
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_cuda_graph_capture_and_replay(world_size, use_heap):
     require_world(world_size)
     results = run_world(graph_body, world_size, use_heap, timeout=WORLD_TIMEOUT)
@@ -248,7 +243,7 @@ def test_cuda_graph_capture_and_replay(world_size, use_heap):
 def large_body(rank, world_size):
     """64 MiB of bf16 per rank, every variant, plain (staged in chunks) and on a heap (in
     place, and out of place), against gloo's all_reduce of the fp32 upcast on the CPU."""
-    dev = torch.device("cuda", rank)
+    dev = device()  # LOCAL_RANK modulo the GPUs present
     torch.cuda.set_device(dev)
     import iris.ccl as ccl
     import iris.mem
@@ -301,7 +296,7 @@ def back_to_back_body(rank, world_size, use_heap: bool, dtype_name: str):
     drift apart; then every output is checked. Catches a barrier that publishes a flag before
     its data (no barrier fences per thread: a CTA barrier and a release order them) and a bank of ``boxed``
     reused while a peer still reads it."""
-    dev = torch.device("cuda", rank)
+    dev = device()  # LOCAL_RANK modulo the GPUs present
     torch.cuda.set_device(dev)
     import iris.ccl as ccl
     import iris.mem
@@ -452,7 +447,7 @@ def per_tile_body(rank, world_size, nbytes: int):
     whose kernels used to launch one program per tile. Every rank makes every rank's input
     the same way on its own device, so the references need no communication."""
     cuda = BACKEND == "cuda"
-    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dev = device()
     if cuda:
         torch.cuda.set_device(dev)
     import iris.ccl as ccl

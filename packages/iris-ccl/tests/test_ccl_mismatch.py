@@ -7,30 +7,28 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import iris.ccl
 import iris.mem
 from iris.ccl import Config
-from iris.mem.testing import run_world
+from iris.mem.testing import gpu_skip_reason, run_world
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
-#: 3 ranks on the CPU backend; the GPU tier (``IRIS_BACKEND=cuda``) runs the same at 2.
-WORLD = 2 if BACKEND == "cuda" else 3
+#: 3 ranks on both tiers (on GPUs on as many GPUs as there are, up to 3: ranks share the rest).
+WORLD = 3
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        BACKEND == "cuda" and torch.cuda.device_count() < 2, reason="the GPU tier needs 2 GPUs"
-    ),
+    pytest.mark.skipif(gpu_skip_reason(WORLD) is not None, reason=gpu_skip_reason(WORLD) or ""),
 ]
 
 
 def _device() -> torch.device:
-    if BACKEND == "cuda":
-        torch.cuda.set_device(dist.get_rank())
-        return torch.device("cuda", dist.get_rank())
-    return torch.device("cpu")
+    """This rank's device: its GPU (LOCAL_RANK modulo the GPUs present), or the CPU."""
+    device = iris.mem.default_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def _all_reduce(rank, heap, n, dtype=torch.float32, op="sum", variant=None):

@@ -2,7 +2,8 @@
 
 ``compat_legacy_kernels`` holds a kernel that uses ``DeviceContext`` (initialize, store,
 atomic_add, the ``heap_bases`` field) and ``__translate`` from their old homes. It runs on
-a real multi-process world (the cpu backend in CI, two GPUs with ``-m gpu``) and is
+a real multi-process world (the cpu backend in CI, GPUs with ``-m gpu``: ranks beyond the
+number of GPUs share them) and is
 compared with ``torch.distributed.all_gather``; it is also compiled for Hopper (sm_90)
 without a GPU, like every kernel of the iris-mem and iris-ccl tiers.
 """
@@ -22,7 +23,7 @@ with pytest.warns(DeprecationWarning, match="iris.device"):
     import compat_legacy_kernels as legacy
 
 import iris.mem
-from iris.mem.testing import run_world
+from iris.mem.testing import gpu_skip_reason, run_world
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -85,8 +86,9 @@ def _exchange(rank: int, world: int, dialect: str) -> list[str]:
 
 
 def _run_exchange(world: int, dialect: str) -> None:
-    if BACKEND == "cuda" and torch.cuda.device_count() < world:
-        pytest.skip(f"a world of {world} ranks needs {world} GPUs")
+    reason = gpu_skip_reason(world)
+    if reason:
+        pytest.skip(reason)
     results = run_world(_exchange, world, dialect, timeout=240)
     assert results == [[]] * world, "\n".join(f for r in results for f in r)
 

@@ -2,8 +2,11 @@
 
 import os
 
-import pytest
 import torch
+
+# require_world(world_size, separate_gpus=None): skip unless this machine can run the world
+# (ranks beyond the GPUs share them; a case that needs a GPU per rank says why it skips)
+from iris.mem.testing import require_world  # noqa: F401 - the tests import it from here
 
 #: Backend the tests run on: ``cpu`` (Triton interpreter) or ``cuda`` (``pytest -m gpu``).
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
@@ -12,8 +15,8 @@ BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 #: World sizes every multi-rank test covers (3 is deliberately odd).
 WORLD_SIZES = [1, 2, 3, 4]
-#: World size of tests that run one multi-rank world: 3 (odd) on CPU, 2 on GPUs (one per rank).
-MULTI_WORLD = 3 if BACKEND == "cpu" else 2
+#: World size of tests that run one multi-rank world: 3 (odd), on any number of GPUs.
+MULTI_WORLD = 3
 #: Heap size of test worlds (small: CPU shared memory, many ranks at once).
 HEAP = 1 << 22
 
@@ -25,12 +28,3 @@ def pattern(n: int, dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tenso
         base = base % 120  # with the .5 below, at most 8 significant bits: exact in bf16
         return base.to(dtype) + 0.5 * (rank % 2)
     return base.to(dtype)
-
-
-def require_world(world_size: int) -> None:
-    """Skip the calling test when the cuda backend has fewer GPUs than ranks (one GPU per rank)."""
-    if BACKEND != "cuda":
-        return
-    gpus = torch.cuda.device_count()
-    if gpus < world_size:
-        pytest.skip(f"a world of {world_size} ranks needs {world_size} GPUs (one per rank), found {gpus}")

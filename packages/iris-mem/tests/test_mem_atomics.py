@@ -10,12 +10,13 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from mem_testutils import HEAP, WORLD_SIZES, require_world
+from mem_testutils import BACKEND, HEAP, WORLD_SIZES, require_world
 
 import iris.mem
 import iris.mem.triton as imt
 from iris.mem.testing import run_world
 from iris.mem.triton import Context
+from iris.mem.utils import global_timer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -310,30 +311,45 @@ def test_atomic_reference_model_is_discriminating():
 
 LOCK_PROGRAMS = 3
 LOCK_ITERS = 20
+#: The lock's budget is time on the GPU's clock there (ns), attempts in the interpreter: where
+#: ranks share a GPU, a holder switched out with the lock keeps it for a time slice, during
+#: which a waiter's attempts say nothing about the time.
+TIMED = BACKEND != "cpu"
+#: (budget of the real lock, of the lock nobody releases): 10 s and 20 us, or attempts.
+LOCK_BUDGETS = (10_000_000_000, 20_000) if TIMED else (500_000, 20)
 
 
 @triton.jit
 def _spinlock_kernel(
-    context, heap_bases, lock, counter, fails, max_spins,
-    RANK: tl.constexpr, WORLD: tl.constexpr, ITERS: tl.constexpr,
+    context, heap_bases, lock, counter, fails, budget,
+    RANK: tl.constexpr, WORLD: tl.constexpr, ITERS: tl.constexpr, TIMED: tl.constexpr,
 ):  # fmt: skip
     """ITERS critical sections per program: take the lock on rank 0 with an acquire CAS,
     increment rank 0's counter non-atomically, release with a release exchange. A lock
-    not taken within ``max_spins`` attempts is counted in ``fails`` (and not released)."""
+    not taken within ``budget`` (ns of :func:`global_timer` when TIMED, else attempts) is
+    counted in ``fails`` (and not released)."""
     pid = tl.program_id(0)
     ctx = Context.initialize(context, RANK, WORLD)
     for _ in range(ITERS):
         spins = 0
+        deadline = spins + budget
+        if TIMED:
+            deadline = global_timer() + budget
         if pid % 2 == 0:
             old = ctx.atomic_cas(lock, 0, 1, 0, sem="acquire", scope="sys")
         else:
             old = imt.atomic_cas(lock, 0, 1, RANK, 0, heap_bases, sem="acquire", scope="sys")
-        while (old != 0) & (spins < max_spins):
+        more = spins < budget
+        while (old != 0) & more:
             if pid % 2 == 0:
                 old = ctx.atomic_cas(lock, 0, 1, 0, sem="acquire", scope="sys")
             else:
                 old = imt.atomic_cas(lock, 0, 1, RANK, 0, heap_bases, sem="acquire", scope="sys")
             spins += 1
+            if TIMED:
+                more = global_timer() < deadline
+            else:
+                more = spins < budget
         if old == 0:
             if pid % 2 == 0:
                 v = ctx.load(counter, 0)
@@ -360,10 +376,11 @@ def spinlock_body(rank: int, world: int):
         fails = torch.zeros(1, dtype=torch.int32, device=heap.device)
         held_fails = torch.zeros(1, dtype=torch.int32, device=heap.device)
         heap.barrier()
-        args = dict(RANK=rank, WORLD=world, ITERS=LOCK_ITERS)
-        _spinlock_kernel[(LOCK_PROGRAMS,)](ctx_t, bases, lock, counter, fails, 500_000, **args)
-        # A held lock: every attempt gives up after a few spins and is counted.
-        _spinlock_kernel[(LOCK_PROGRAMS,)](ctx_t, bases, held, held_counter, held_fails, 20, **args)
+        args = dict(RANK=rank, WORLD=world, ITERS=LOCK_ITERS, TIMED=TIMED)
+        budget, held_budget = LOCK_BUDGETS
+        _spinlock_kernel[(LOCK_PROGRAMS,)](ctx_t, bases, lock, counter, fails, budget, **args)
+        # A held lock: every attempt gives up after a short budget and is counted.
+        _spinlock_kernel[(LOCK_PROGRAMS,)](ctx_t, bases, held, held_counter, held_fails, held_budget, **args)
         heap.barrier()
         out = (int(fails.item()), int(held_fails.item()), int(counter.item()), int(held_counter.item()))
         out += (int(lock.item()), int(held.item()))

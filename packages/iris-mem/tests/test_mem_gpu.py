@@ -1,7 +1,10 @@
 """GPU-only tests (``nox -s gpu_tests`` / ``pytest -m gpu`` with IRIS_BACKEND=cuda).
 
 Litmus tests at full speed across GPUs, atomics under contention from every SM, and a heap
-of tens of GiB. Skipped unless the run uses the cuda backend with enough GPUs.
+of tens of GiB. Skipped unless the run uses the cuda backend. The litmus tests need a GPU per
+rank (100,000 hand-offs at full speed between two GPUs: where ranks share a GPU, each
+hand-off waits for the GPU to switch processes, and what they check is the path between
+GPUs); the others run with ranks sharing a GPU too.
 """
 
 import os
@@ -13,7 +16,7 @@ import triton
 import triton.language as tl
 
 import iris.mem
-from iris.mem.testing import run_world
+from iris.mem.testing import gpu_skip_reason, run_world, visible_gpus
 from iris.mem.triton import Context
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
@@ -26,12 +29,13 @@ ROUNDS = 100_000
 SPINS = 1 << 24  # per wait: far more than any healthy round needs, so a lost flag ends the test
 
 
-def _gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+#: Why the litmus tests need two GPUs: what they check is the path between GPUs, at full speed.
+LITMUS = "a litmus test of 100,000 hand-offs at full speed between two GPUs"
 
 
-def needs_gpus(n: int):
-    return pytest.mark.skipif(_gpus() < n, reason=f"needs {n} GPUs, found {_gpus()}")
+def needs_gpus(n: int, separate: str | None = None):
+    reason = gpu_skip_reason(n, separate)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
 @triton.jit
@@ -91,7 +95,7 @@ def message_passing_body(rank, world_size):
         return int(errors.item()), int(flag.item())
 
 
-@needs_gpus(2)
+@needs_gpus(2, LITMUS)
 def test_message_passing_never_reads_stale_data():
     for errors, last in run_world(message_passing_body, 2, timeout=300):
         assert errors == 0
@@ -139,7 +143,7 @@ def store_buffering_body(rank, world_size, fence):
         return both_stale, int(done.item())
 
 
-@needs_gpus(2)
+@needs_gpus(2, LITMUS)
 def test_store_buffering_is_forbidden_with_sc_fences():
     for both_stale, last in run_world(store_buffering_body, 2, True, timeout=300):
         assert last == ROUNDS
@@ -170,10 +174,10 @@ def contention_body(rank, world_size, programs, iters):
         return int(values[0]), int(values[1]), float(values[2:3].view(torch.float32).item())
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_atomics_from_every_sm_are_exact(world_size):
-    if _gpus() < world_size:
-        pytest.skip(f"needs {world_size} GPUs")
+    if gpu_skip_reason(world_size):
+        pytest.skip(gpu_skip_reason(world_size))
     programs = torch.cuda.get_device_properties(0).multi_processor_count * 4
     iters = 200
     expected = world_size * programs * iters
@@ -209,6 +213,6 @@ def large_heap_body(rank, world_size, heap_gib):
 
 @needs_gpus(1)
 def test_heap_of_tens_of_gib_reaches_its_last_bytes():
-    world = min(_gpus(), 2)
+    world = min(visible_gpus(), 2)  # 40 GiB per rank: one rank per GPU
     for ok_first, ok_last, beyond_16_gib in run_world(large_heap_body, world, 40, timeout=300):
         assert ok_first and ok_last and beyond_16_gib

@@ -8,7 +8,7 @@ import triton.language as tl
 from mem_testutils import BACKEND, HEAP, MULTI_WORLD, WORLD_SIZES, require_world
 
 import iris.mem
-from iris.mem.testing import run_world
+from iris.mem.testing import run_world, visible_gpus
 from iris.mem.triton import Context
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
@@ -146,6 +146,7 @@ def context_body(rank, world_size):
             "distinct": len(set(bases.tolist())) == world_size,
             "local_base": bases[rank].item() <= first.data_ptr() < bases[rank].item() + heap.heap_size,
             "dtype": str(ctx.dtype),
+            "ranks_on_device": heap.capabilities.ranks_on_device,
             "attrs": (
                 heap.rank,
                 heap.world_size,
@@ -164,8 +165,12 @@ def test_device_context_layout(world_size):
         assert r["header"] == [rank, world_size, HEAP, 0]
         assert r["bases_view"] and r["n_bases"] == world_size and r["distinct"] and r["local_base"]
         assert r["dtype"] == "torch.int64"
-        device = "cpu" if BACKEND == "cpu" else f"cuda:{rank}"  # one GPU per rank, by local rank
+        gpus = visible_gpus()
+        # by local rank modulo the GPUs present: with fewer GPUs than ranks, ranks share them
+        device = "cpu" if BACKEND == "cpu" else f"cuda:{rank % gpus}"
         assert r["attrs"] == (rank, world_size, rank, world_size, BACKEND, device)
+        sharing = 1 if BACKEND == "cpu" else len(range(rank % gpus, world_size, gpus))
+        assert r["ranks_on_device"] == sharing, (rank, r["ranks_on_device"], sharing)
 
 
 def broadcast_body(rank, world_size):

@@ -465,7 +465,7 @@ def graph_body(rank, world_size, iterations):
 
 
 @pytest.mark.skipif(BACKEND != "cuda", reason="CUDA graphs need the cuda backend (GPU tier)")
-@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_loop_under_cuda_graph_capture(world_size):
     require_world(world_size)
     results = run_world(graph_body, world_size, 50, timeout=300)

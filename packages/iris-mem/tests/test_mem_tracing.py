@@ -530,7 +530,7 @@ def test_gpu_clocks_are_ns_and_aligned_across_ranks(tmp_path):
     """On GPUs: the waiting rank's region lasts about the host's sleep (so the clock counts
     ns), ends after the other rank raised the flag (so the ranks' clocks are aligned within
     the tolerance), and every event names a real SM."""
-    require_world(2)
+    require_world(2, separate_gpus="the alignment of two GPUs' clocks")
     results = run_world(handoff_body, 2, str(tmp_path), timeout=240)
     assert results[1]["flag"] == 1
     for r in results:

@@ -1,6 +1,9 @@
 """The watchdog and heap.abort(): a peer process that exits, or an abort on request, stops
 the device-side waits of the heap at once, with an error naming what happened; a peer that
-is only late is waited for. (The conftest fixture checks that /dev/shm is left clean.)"""
+is only late is waited for. (The conftest fixture checks that /dev/shm is left clean.)
+
+The tests marked ``gpu`` run on the cuda backend too (``-m gpu``), where the waits are
+kernels spinning on the GPU, whatever the number of GPUs: ranks beyond it share GPUs."""
 
 import os
 import signal
@@ -44,6 +47,7 @@ def barrier_loop_body(rank, world_size, victim, how):
     return None
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("how", ["kill", "raise"])
 def test_dead_peer_stops_the_waits_within_seconds(how):
     """1 of 3 ranks SIGKILLed or raising mid-loop: the others end with an AbortedError
@@ -74,6 +78,7 @@ def late_peer_body(rank, world_size, delay):
     return waited
 
 
+@pytest.mark.gpu
 def test_late_peer_is_waited_for():
     """A peer that is alive but sleeps before its next barrier is not taken for dead."""
     waited = run_world(late_peer_body, 2, 4.0, timeout=180)
@@ -111,8 +116,11 @@ def abort_body(rank, world_size):
     return result
 
 
-def test_abort_stops_a_spinning_kernel_and_the_heap_refuses_use():
-    message, reason, seconds, aborted = run_world(abort_body, 2, timeout=180)[0]
+@pytest.mark.gpu
+# 3 ranks on GPUs too (one of them, or two, on a GPU shared with rank 0); 2 on the CPU tier
+@pytest.mark.parametrize("world_size", [2, 3] if os.environ.get("IRIS_BACKEND") == "cuda" else [2])
+def test_abort_stops_a_spinning_kernel_and_the_heap_refuses_use(world_size):
+    message, reason, seconds, aborted = run_world(abort_body, world_size, timeout=180)[0]
     assert "aborted (the framework gave up)" in message and reason == "the framework gave up"
     assert aborted
     assert 0.9 <= seconds < 5, seconds
@@ -208,6 +216,7 @@ def clean_exit_body(rank, world_size):
     return seconds
 
 
+@pytest.mark.gpu
 def test_peer_that_ended_normally_stops_only_unmet_waits():
     seconds = run_world(clean_exit_body, 2, timeout=180)[0]
     assert seconds < 10, seconds

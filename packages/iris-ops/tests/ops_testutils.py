@@ -2,14 +2,20 @@
 
 Every op runs in real multi-process worlds (``iris.mem.testing.run_world``) and is compared
 with a torch reference computed another way: the matmul in float64 on the gathered inputs,
-then the torch.distributed collective (gloo on the CPU backend; the same bodies run on GPUs
-with ``IRIS_BACKEND=cuda``, where the collectives go through NCCL).
+then the torch.distributed collective on the world's gloo group (the same bodies run on
+GPUs with ``IRIS_BACKEND=cuda``, where gloo moves the GPU tensors through host memory: it
+works however many ranks share a GPU, which NCCL refuses).
 """
 
 import os
 
-import pytest
 import torch
+
+import iris.mem
+
+# require_world(world_size, separate_gpus=None): skip unless this machine can run the world
+# (ranks beyond the GPUs share them; a case that needs a GPU per rank says why it skips)
+from iris.mem.testing import require_world  # noqa: F401 - the tests import it from here
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -21,17 +27,11 @@ EPS = {torch.float32: 2.0**-9, torch.float16: 2.0**-9, torch.bfloat16: 2.0**-7}
 SHAPES = ((37, 29, 43), (32, 48, 32), (5, 70, 20))
 
 
-def require_world(world_size: int) -> None:
-    """Skip when the GPU tier has fewer GPUs than ranks."""
-    if BACKEND == "cuda" and torch.cuda.device_count() < world_size:
-        found = torch.cuda.device_count()
-        pytest.skip(f"a world of {world_size} ranks needs {world_size} GPUs, found {found}")
-
-
 def device() -> torch.device:
-    """This rank's device inside a world (run_world sets LOCAL_RANK)."""
+    """This rank's device inside a world: its GPU (``LOCAL_RANK``, which run_world sets,
+    modulo the GPUs present), or the CPU."""
     if BACKEND == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return iris.mem.default_device()
     return torch.device("cpu")
 
 

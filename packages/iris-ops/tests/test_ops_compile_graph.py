@@ -233,10 +233,6 @@ def test_opcheck_fake_tensors_and_refusals():
 # --------------------------------------------------------------------------- GPU tier
 
 
-def _gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def _body_cudagraphs(rank: int, world_size: int) -> list[str]:
     """Inductor with mode="reduce-overhead" (CUDA graphs) of a tensor-parallel MLP step on
     the functional ops, replayed on fresh inputs, equals eager."""
@@ -268,7 +264,9 @@ def _body_cudagraphs(rank: int, world_size: int) -> list[str]:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(BACKEND != "cuda" or _gpus() < 2, reason="needs IRIS_BACKEND=cuda and 2 GPUs")
-def test_inductor_reduce_overhead_gpu():
-    results = run_world(_body_cudagraphs, 2, timeout=2 * WORLD_TIMEOUT)
-    assert results == [[]] * 2, results
+@pytest.mark.skipif(BACKEND != "cuda", reason="CUDA graphs: needs IRIS_BACKEND=cuda")
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_inductor_reduce_overhead_gpu(world_size):
+    require_world(world_size)
+    results = run_world(_body_cudagraphs, world_size, timeout=2 * WORLD_TIMEOUT)
+    assert results == [[]] * world_size, results

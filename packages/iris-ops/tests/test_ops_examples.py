@@ -1,13 +1,14 @@
 """Run the iris.ops examples (``examples/2[0-46]_*.py``) under torchrun; every rank must validate.
 
-From an sdist (no examples folder) the tests skip. One odd world on the CPU backend (3
-ranks; ``nox -s examples`` also runs every example with 1), 2 ranks on GPUs.
+From an sdist (no examples folder) the tests skip. One odd world, 3 ranks, on the CPU
+backend and on GPUs (ranks beyond the number of GPUs share them); ``nox -s examples`` also
+runs every example with 1.
 """
 
 from pathlib import Path
 
 import pytest
-from ops_testutils import BACKEND, require_world
+from ops_testutils import require_world
 
 from iris.mem.testing import run_example
 
@@ -15,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"
 EXAMPLES = sorted(EXAMPLES_DIR.glob("2[0-46]_*.py")) if EXAMPLES_DIR.is_dir() else []
-WORLD = 2 if BACKEND == "cuda" else 3
+WORLD = 3
 
 
 @pytest.mark.skipif(not EXAMPLES, reason=f"no examples found at {EXAMPLES_DIR} (not a source checkout)")

@@ -263,7 +263,7 @@ def graph_body(rank, world_size):
 
     dev = setup_rank()
     bad = []
-    hidden, k, experts, tokens = 4096, 8, 16, 96 + 32 * rank
+    hidden, k, experts, tokens = 4096, 8, 24, 96 + 32 * rank  # 24 experts: 2, 3 and 4 ranks
     cfg = iris.ops.MoEConfig(max_recv_rows=world_size * k * 128)
     x = torch.empty(tokens, hidden, dtype=BF, device=dev)
     idx = torch.empty(tokens, k, dtype=torch.int64, device=dev)
@@ -308,6 +308,7 @@ def graph_body(rank, world_size):
 
 
 @pytest.mark.skipif(BACKEND != "cuda" or not torch.cuda.is_available(), reason="CUDA graphs need GPUs")
-def test_cuda_graph_replay_fresh_routing():
-    require_world(2)
-    assert_clean(run_world(graph_body, 2, timeout=WORLD_TIMEOUT), 5)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_cuda_graph_replay_fresh_routing(world_size):
+    require_world(world_size)
+    assert_clean(run_world(graph_body, world_size, timeout=WORLD_TIMEOUT), 5)

@@ -3,7 +3,9 @@ collective) of every fused op, and the choice ``path="auto"`` makes.
 
 * Both paths give the torch result (float64 matmul of the gathered operands, then the
   torch.distributed collective) at worlds 1 and 3, on odd shapes, in two dtypes, with and
-  without bias, outputs plain, strided and on a heap, repeated calls on one workspace.
+  without bias, outputs plain, strided and on a heap, repeated calls on one workspace; on
+  GPUs at worlds 2, 3 and 4 (on any number of GPUs), the fused kernels also with TMA on a
+  shape whose rows TMA can read (16-byte aligned), and both paths captured in CUDA graphs.
 * Forcing works: ``path="composed"`` prepares a workspace of the composed signature.
 * The selection (``iris.ops._select``) reads synthetic tables keyed by GPU model and group
   size, falls back to the heuristic for unknown models and group sizes, and rejects bad
@@ -12,6 +14,7 @@ collective) of every fused op, and the choice ``path="auto"`` makes.
 
 import functools
 import json
+import os
 
 import pytest
 import torch
@@ -26,11 +29,13 @@ from ops_testutils import (
     require_world,
     run_cases,
     seed,
+    setup_rank,
     summed,
 )
 
 from iris.mem.testing import run_world
 
+BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 pytestmark = pytest.mark.timeout(300)
 WORLD_TIMEOUT = 240.0
 OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_gather")
@@ -63,12 +68,14 @@ def _operands(op, m, n, k, size, extra, dtype, rank, case):
     return a, b, (m, n)
 
 
-def path_case(rank, world_size, case, heap, op, path, dtype, shape, bias, out_kind, extra=0, repeat=1):
+def path_case(
+    rank, world_size, case, heap, op, path, dtype, shape, bias, out_kind, extra=0, repeat=1, tma=None
+):
     import iris.ops
 
     m, n, k = shape
-    what = f"{op} path={path} {dtype_name(dtype)} {shape} bias={bias} out={out_kind} extra={extra}"
-    cfg = iris.ops.Config(path=path)
+    what = f"{op} path={path} {dtype_name(dtype)} {shape} bias={bias} out={out_kind} extra={extra} tma={tma}"
+    cfg = iris.ops.Config(path=path, tma=tma)
     bad = []
     workspace = iris.ops.Workspace()
     for call in range(repeat):
@@ -98,7 +105,9 @@ def path_case(rank, world_size, case, heap, op, path, dtype, shape, bias, out_ki
 #: Every op on both paths; each world covers two dtypes, bias on and off, every output kind,
 #: an odd shape (no dimension a multiple of a block; M and the scattered or gathered N or K
 #: divisible by the group) and both layouts of the scattering and gathering ops.
-def _cases(world, paths=("composed",)):
+def _cases(world, paths=("composed",), tma=False):
+    """``tma``: add, per op, a fused case with ``Config.tma`` on at a shape TMA reads (every
+    row 16-byte aligned: K and N multiples of 8 bf16 elements, per rank too)."""
     g = world
     odd = (g * 13, g * 11, g * 7)  # 39 x 33 x 21 at world 3
     f32, bf16 = torch.float32, torch.bfloat16
@@ -120,14 +129,20 @@ def _cases(world, paths=("composed",)):
                 dict(op=op, path="fused", dtype=other, shape=odd, bias=True, out_kind="plain",
                      extra=extras[1]),
             ]  # fmt: skip
+        if tma and "fused" in paths:
+            aligned = (g * 40, g * 24, g * 32)  # every row a multiple of 16 bytes, per rank too
+            cases.append(
+                dict(op=op, path="fused", dtype=bf16, shape=aligned, bias=True, out_kind="heap",
+                     extra=extras[1], tma=True)
+            )  # fmt: skip
     return cases
 
 
-def paths_body(rank, world_size, paths):
+def paths_body(rank, world_size, paths, tma=False):
     def one(rank, world_size, i, heap, **case):
         return path_case(rank, world_size, i, heap, **case)
 
-    return run_cases(one, rank, world_size, _cases(world_size, paths))
+    return run_cases(one, rank, world_size, _cases(world_size, paths, tma))
 
 
 @pytest.mark.parametrize("world_size", [1, 3])
@@ -145,6 +160,18 @@ def test_forced_fused_path_matches_torch(world_size):
     require_world(world_size)
     results = run_world(paths_body, world_size, ("fused",), timeout=WORLD_TIMEOUT)
     assert_clean(results, len(_cases(world_size, ("fused",))))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(BACKEND != "cuda", reason="GPU-only test (TMA): run with IRIS_BACKEND=cuda")
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_both_paths_match_torch_on_gpus(world_size):
+    """Every op composed and fused, the fused kernels also with TMA on, at worlds 2-4 on
+    however many GPUs there are."""
+    require_world(world_size)
+    paths = ("composed", "fused")
+    results = run_world(paths_body, world_size, paths, True, timeout=WORLD_TIMEOUT)
+    assert_clean(results, len(_cases(world_size, paths, True)))
 
 
 def test_config_path_is_validated():
@@ -251,7 +278,7 @@ def graph_body(rank, world_size):
     import iris.mem
     import iris.ops
 
-    torch.cuda.set_device(rank)
+    setup_rank()
     bad, cases = [], 0
     cfg = iris.ops.Config(path="composed")
     with iris.mem.init(1 << 28) as heap:
@@ -289,12 +316,11 @@ def graph_body(rank, world_size):
 
 
 @pytest.mark.gpu
-def test_composed_path_captures_in_a_cuda_graph():
-    import os
-
-    if os.environ.get("IRIS_BACKEND", "cpu") != "cuda" or torch.cuda.device_count() < 2:
-        pytest.skip("GPU-only test: needs IRIS_BACKEND=cuda and 2 GPUs")
-    assert_clean(run_world(graph_body, 2, timeout=WORLD_TIMEOUT), len(OPS))
+@pytest.mark.skipif(BACKEND != "cuda", reason="CUDA graphs: run with IRIS_BACKEND=cuda")
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_composed_path_captures_in_a_cuda_graph(world_size):
+    require_world(world_size)
+    assert_clean(run_world(graph_body, world_size, timeout=WORLD_TIMEOUT), len(OPS))
 
 
 # ---------------------------------------------------------------------------- python -m iris.ops.tune

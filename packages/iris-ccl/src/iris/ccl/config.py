@@ -179,9 +179,11 @@ def auto_rule(collective: str, nbytes: int, world_size: int, device=None) -> tup
     :func:`auto_variant`) and the launch fields (of :data:`TABLE_FIELDS`) the table measured
     for it, ``{}`` where the rule names none. The rules are those measured for ``device``'s
     GPU model and ``world_size`` (``IRIS_CCL_TABLE``, then the packaged table), else the
-    heuristic of :func:`iris.ccl._tuning.heuristic_rules`."""
+    heuristic of :func:`iris.ccl._tuning.heuristic_rules`; the heuristic alone where ranks
+    share the GPU (:attr:`iris.mem.Capabilities.shared`)."""
     caps = iris.mem.capabilities(device if device is not None else iris.mem.default_device())
-    rules, _ = rules_for(collective, world_size, tuning.model_key(caps), caps.nvlink)
+    heuristic = functools.partial(_tuning.heuristic_rules, collective, world_size, caps.nvlink)
+    rules, _ = TABLES.rules_for_machine(collective, world_size, caps, heuristic)  # no table on a shared GPU
     rule = tuning.pick(rules, nbytes)
     return rule[1], dict(rule[2]) if len(rule) == 3 else {}
 

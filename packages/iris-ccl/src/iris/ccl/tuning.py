@@ -25,7 +25,11 @@ Where the rules for a call come from, first match wins (:meth:`TableFormat.rules
 2. the table packaged with the owner: its rules for this GPU model and group size only;
 3. the owner's heuristic.
 
-A table measured on another GPU model or group size is never used.
+A table measured on another GPU model or group size is never used, and no table is used
+where ranks share the GPU (:attr:`iris.mem.Capabilities.shared`: the GPU time-slices their
+kernels, so nothing measured with a GPU per rank applies): :meth:`TableFormat.rules_for_machine`
+goes straight to the heuristic there, and the tuning commands refuse to run
+(:func:`timing_refusal`).
 
 A tuning command (``python -m iris.ccl.tune`` is one) takes :func:`command_parser`'s
 arguments, starts with :func:`start_session`, times its candidates with :func:`time_calls`
@@ -42,6 +46,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.mem import settings
+from iris.mem import bootstrap, settings
 
 #: The model key of a machine whose kernels run in Triton's interpreter (the CPU backend).
 INTERPRETER = "interpreter"
@@ -61,6 +66,34 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def model_key(caps: iris.mem.Capabilities) -> str:
     """The key of ``caps``' machine in tuning tables: its GPU model, or :data:`INTERPRETER`."""
     return caps.name or INTERPRETER
+
+
+def timing_refusal(caps: iris.mem.Capabilities, what: str) -> str | None:
+    """None where times taken on ``caps``' machine mean something; else the message with
+    which ``what`` (a tuner, a benchmark) refuses to run: ranks share the GPU
+    (:attr:`iris.mem.Capabilities.ranks_on_device` > 1), so the GPU time-slices their
+    kernels and a time measures the sharing, not Iris."""
+    if not caps.shared:
+        return None
+    return (
+        f"{what}: {caps.ranks_on_device} ranks share this GPU ({caps.device}), which runs their kernels in "
+        "turns: times measured so mean nothing, so no table is written and no ratio printed. Ranks sharing a "
+        "GPU are a mode for correctness (tests, development on one GPU); measure with one GPU per rank "
+        "(no more ranks per node than GPUs)."
+    )
+
+
+def refuse_timing(caps: iris.mem.Capabilities, what: str) -> None:
+    """Exit (``SystemExit`` with status 2, after rank 0 printed :func:`timing_refusal`'s
+    message to stderr) when times on ``caps``' machine mean nothing; else return."""
+    message = timing_refusal(caps, what)
+    if message is None:
+        return
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(2)
 
 
 def pick(rules: list, size: int) -> list:
@@ -139,6 +172,17 @@ class TableFormat:
         if rules:
             return rules, packaged
         return heuristic(), "heuristic"
+
+    def rules_for_machine(
+        self, key: str, world_size: int, caps: iris.mem.Capabilities, heuristic: Callable[[], list]
+    ) -> tuple[list, str]:
+        """:meth:`rules_for` on ``caps``' machine (its :func:`model_key`), except where ranks
+        share its GPU (:attr:`iris.mem.Capabilities.shared`): ``heuristic()`` there, whatever
+        the tables hold, since no time measured with a GPU per rank applies to a GPU whose
+        ranks take turns."""
+        if caps.shared:
+            return heuristic(), "heuristic"
+        return self.rules_for(key, world_size, model_key(caps), heuristic)
 
     @staticmethod
     def _measured(table: dict, key: str, world_size: int, model: str, legacy: bool) -> list | None:
@@ -262,18 +306,22 @@ def command_parser(prog: str, doc: str, calls: int) -> argparse.ArgumentParser:
 
 def start_session(parser: argparse.ArgumentParser, args: argparse.Namespace) -> iris.mem.Capabilities:
     """What a tuning command does first: ``--smoke`` only on the CPU backend (one round of
-    one call), this rank's GPU under a launcher (``LOCAL_RANK``), the process group; returns
-    the device's capabilities."""
+    one call), this rank's GPU (``LOCAL_RANK`` modulo the GPUs present), the process group
+    (:func:`iris.mem.bootstrap.group_backend`'s); then the ranks compare their GPUs
+    (:func:`iris.mem.node_layout`), and where they share one the command refuses to run
+    (:func:`refuse_timing`). Returns the device's capabilities."""
     caps = iris.mem.capabilities(iris.mem.default_device())
     if args.smoke:
         if not caps.interpreted:
             parser.error("--smoke runs on the CPU backend: set IRIS_BACKEND=cpu")
         args.rounds, args.calls = 1, 1
     if caps.streams:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        caps = iris.mem.capabilities(iris.mem.default_device())
+        torch.cuda.set_device(iris.mem.default_device())
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if caps.streams else "gloo")
+        dist.init_process_group(bootstrap.group_backend(caps.backend))
+    iris.mem.node_layout()  # collective: the ranks compare their GPUs (capabilities().ranks_on_device)
+    caps = iris.mem.capabilities(iris.mem.default_device())
+    refuse_timing(caps, parser.prog)
     return caps
 
 
@@ -318,6 +366,8 @@ def finish_session(
     sizes or shapes) and says how to use the file; every rank then leaves the process group.
     Returns the command's exit status, 0."""
     world, model = dist.get_world_size(), model_key(caps)
+    # the heaps made while measuring compared the ranks' GPUs again
+    refuse_timing(iris.mem.capabilities(caps.device), f"python -m {fmt.owner}.tune")
     if dist.get_rank() == 0:
         note = (
             f"{world} x {model}, {args.dtype}, NVLink {caps.nvlink}, torch {torch.__version__}, "

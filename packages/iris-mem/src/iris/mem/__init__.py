@@ -32,7 +32,14 @@ from .errors import (  # noqa: E402
     UseAfterFreeError,
 )
 from .heap import SymmetricHeap, init  # noqa: E402
-from .machine import Capabilities, capabilities, capturing, default_device, synchronize  # noqa: E402
+from .machine import (  # noqa: E402
+    Capabilities,
+    SharedGpuWarning,
+    capabilities,
+    capturing,
+    default_device,
+    synchronize,
+)
 from .nodes import NodeLayout, node_layout  # noqa: E402
 from .settings import debug as debug_enabled  # noqa: E402
 from .settings import wait_budget_ns, wait_timeout  # noqa: E402
@@ -47,6 +54,7 @@ __all__ = [
     "IrisError",
     "MemoryStats",
     "NodeLayout",
+    "SharedGpuWarning",
     "SymmetricHeap",
     "UseAfterFreeError",
     "__version__",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import threading
+import warnings
 
 import torch
 
@@ -40,6 +42,12 @@ class Capabilities:
             interpreted. Tuning tables are keyed by it.
         nvlink: whether the GPU has an active NVLink (to a peer GPU or an NVSwitch), as NVML
             reports it; None when that is not known (no NVML, or interpreted).
+        ranks_on_device: how many ranks of the job use this rank's GPU, itself included (1
+            when interpreted). More than one means the ranks share the GPU: the GPU
+            time-slices their kernels, which is a mode for correctness, not speed (see
+            :attr:`shared`). Exact once this process has made a heap on the device or asked
+            :func:`iris.mem.node_layout` (the ranks compare their GPUs then); before,
+            counted from the launcher's ``LOCAL_WORLD_SIZE`` ranks on the visible GPUs.
     """
 
     device: torch.device
@@ -53,16 +61,27 @@ class Capabilities:
     streams: bool
     name: str = ""
     nvlink: bool | None = None
+    ranks_on_device: int = 1
+
+    @property
+    def shared(self) -> bool:
+        """Whether other ranks use this rank's GPU too (:attr:`ranks_on_device` > 1): their
+        kernels and this rank's take turns on the GPU, so times measure the sharing (tuning
+        tables are not read, tuners and benchmarks refuse to run)."""
+        return self.ranks_on_device > 1
 
 
 #: Programs the interpreter runs per launch of a persistent kernel: few, since each is slow.
 INTERPRETED_PROGRAMS = 2
 
 
+def capabilities(device: torch.device | str | None = None) -> Capabilities:
+    """The :class:`Capabilities` of ``device`` (None: :func:`default_device`) in this process."""
+    return _capabilities(torch.device(device) if device is not None else default_device())
+
+
 @functools.cache
-def capabilities(device: torch.device | str) -> Capabilities:
-    """The :class:`Capabilities` of ``device`` in this process."""
-    device = torch.device(device)
+def _capabilities(device: torch.device) -> Capabilities:
     if device.type != "cuda" or settings.interpreted():
         backend = "cuda" if device.type == "cuda" else "cpu"
         return Capabilities(device, backend, True, 0, None, INTERPRETED_PROGRAMS, False, False, False)
@@ -71,8 +90,97 @@ def capabilities(device: torch.device | str) -> Capabilities:
     cc = (props.major, props.minor)
     hopper = cc >= (9, 0)
     sms = props.multi_processor_count
+    # Ranks sharing the GPU do not change what one launch may do: without MPS the GPU runs
+    # one process's kernels at a time (time slices), each with every SM, so one program per
+    # SM stays resident for the launch as on a GPU of its own (docs/cuda-backend.md).
     caps = Capabilities(torch.device("cuda", index), "cuda", False, sms, cc, sms, hopper, hopper, True)
-    return dataclasses.replace(caps, name=props.name, nvlink=_nvlink(props))
+    sharing = _RANKS_ON_DEVICE.get(index) or launcher_ranks_on_gpu(
+        settings.local_rank(), settings.local_world_size(), torch.cuda.device_count(), index
+    )
+    return dataclasses.replace(caps, name=props.name, nvlink=_nvlink(props), ranks_on_device=sharing)
+
+
+# ------------------------------------------------------------------ ranks and their GPUs
+
+
+def gpu_index(rank_on_node: int, gpus: int) -> int:
+    """The GPU a rank uses with the cuda backend: its index on the node (``LOCAL_RANK``)
+    modulo the ``gpus`` visible, so ranks beyond the GPU count share GPUs round robin."""
+    if gpus < 1:
+        raise ValueError(f"gpus must be at least 1, got {gpus}")
+    return rank_on_node % gpus
+
+
+def rank_gpu(global_rank: int | None = None) -> int:
+    """The GPU of this process with the cuda backend (:func:`gpu_index` of ``LOCAL_RANK``,
+    else of ``global_rank``, else of the launcher's ``RANK``); needs a visible GPU."""
+    local = settings.local_rank()
+    if local is None:
+        local = global_rank if global_rank is not None else int(settings.launcher_rank()[0])
+    return gpu_index(local, torch.cuda.device_count())
+
+
+def launcher_ranks_on_gpu(local_rank: int | None, local_world_size: int | None, gpus: int, index: int) -> int:
+    """How many of the ``local_world_size`` ranks a launcher started on this node map to GPU
+    ``index`` (:func:`gpu_index`), at least 1; 1 when the launcher did not say (either value
+    None) or ``local_rank`` maps to another GPU (the caller's device is not its rank's)."""
+    if local_rank is None or local_world_size is None or gpus < 1 or gpu_index(local_rank, gpus) != index:
+        return 1
+    return max(1, len(range(index, local_world_size, gpus)))
+
+
+def launcher_shares_gpus(local_world_size: int | None, gpus: int) -> bool:
+    """Whether a launcher that started ``local_world_size`` ranks on a node with ``gpus``
+    visible GPUs makes some of them share a GPU (more ranks than GPUs)."""
+    return local_world_size is not None and gpus >= 1 and local_world_size > gpus
+
+
+def ranks_sharing(gpus_of_ranks: list, rank: int) -> int:
+    """How many ranks use the GPU of ``rank``, itself included, given every rank's GPU
+    identity (``gpus_of_ranks[r]``; None for a rank without one, which shares with none)."""
+    mine = gpus_of_ranks[rank]
+    return 1 if mine is None else sum(1 for g in gpus_of_ranks if g == mine)
+
+
+class SharedGpuWarning(UserWarning):
+    """Ranks share a GPU: a mode for correctness, not speed (issued once per process)."""
+
+
+#: Ranks using each GPU of this process (by device index), as the ranks' comparisons found.
+_RANKS_ON_DEVICE: dict[int, int] = {}
+_sharing_lock = threading.Lock()
+_warned_shared = False
+
+
+def note_ranks_on_device(index: int, count: int) -> None:
+    """Record that ``count`` ranks use GPU ``index`` (the most any comparison of the ranks'
+    GPUs found: a heap's bring-up, :func:`iris.mem.node_layout`). The first time more than
+    one do, warn once (:func:`warn_shared`)."""
+    with _sharing_lock:
+        if count <= _RANKS_ON_DEVICE.get(index, 0):
+            return
+        _RANKS_ON_DEVICE[index] = count
+        _capabilities.cache_clear()
+    if count > 1:
+        warn_shared(count, index)
+
+
+def warn_shared(count: int, index: int) -> bool:
+    """Warn (:class:`SharedGpuWarning`, once per process) that ``count`` ranks share GPU
+    ``index``; returns whether this call warned."""
+    global _warned_shared
+    with _sharing_lock:
+        if _warned_shared:
+            return False
+        _warned_shared = True
+    warnings.warn(
+        f"iris.mem: {count} ranks share GPU cuda:{index}. The GPU runs their kernels in turns (time "
+        "slices): this is a mode for correctness, not speed. Times measure the sharing, so tuning "
+        "tables are not read (auto picks by heuristic) and the tuners and benchmarks refuse to run.",
+        SharedGpuWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 #: Links NVML numbers per GPU (``NVML_NVLINK_MAX_LINKS``).
@@ -106,9 +214,12 @@ def _nvlink(props) -> bool | None:
 
 def default_device() -> torch.device:
     """The device of heaps made with the default backend (``IRIS_BACKEND``, else a GPU when
-    one is visible): the current GPU, or the CPU."""
+    one is visible): this rank's GPU (:func:`rank_gpu`: ``LOCAL_RANK`` modulo the GPUs
+    present; without a launcher the current GPU), or the CPU."""
     if settings.default_backend() == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
+        if settings.local_rank() is None and settings.text("RANK") is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", rank_gpu())
     return torch.device("cpu")
 
 
@@ -129,8 +240,16 @@ def capturing(device: torch.device | str) -> bool:
 __all__ = [
     "INTERPRETED_PROGRAMS",
     "Capabilities",
+    "SharedGpuWarning",
     "capabilities",
     "capturing",
     "default_device",
+    "gpu_index",
+    "launcher_ranks_on_gpu",
+    "launcher_shares_gpus",
+    "note_ranks_on_device",
+    "rank_gpu",
+    "ranks_sharing",
     "synchronize",
+    "warn_shared",
 ]

@@ -12,6 +12,10 @@ several nodes, :func:`iris.mem.init` builds the heap over this node's ranks of t
 (``heap.rank`` and ``heap.world_size`` are node-local, ``heap.global_ranks`` the global
 ranks it holds), and iris.ccl / iris.ops run their collectives in stages: Iris within each
 node, torch.distributed between nodes. Device kernels never see a rank of another node.
+
+The same exchange tells which ranks share a GPU (:attr:`NodeLayout.gpus`): with the cuda
+backend each rank names the GPU it uses (:func:`gpu_key`), and this rank's count becomes
+:attr:`iris.mem.Capabilities.ranks_on_device`.
 """
 
 from __future__ import annotations
@@ -21,12 +25,11 @@ import socket
 import weakref
 from collections.abc import Sequence
 
+import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
-from . import settings
-from .bootstrap import exchange, group_ranks, host_timeout
-from .errors import IrisError
+from . import machine, settings
+from .bootstrap import exchange, group_backend, group_ranks, make_group
 
 
 def node_key() -> str:
@@ -36,6 +39,23 @@ def node_key() -> str:
     if agent is None:
         agent = settings.text("GROUP_RANK") or ""
     return f"{socket.gethostname()}/{agent}"
+
+
+def _gpu_index() -> int | None:
+    """The index of the GPU this process uses with the cuda backend
+    (:func:`iris.mem.machine.rank_gpu`), None where kernels do not run on a GPU (the cpu
+    backend, the interpreter)."""
+    if settings.default_backend() != "cuda" or settings.interpreted() or not torch.cuda.is_available():
+        return None
+    return machine.rank_gpu(dist.get_rank() if dist.is_initialized() else None)
+
+
+def gpu_key() -> str | None:
+    """The GPU this process uses with the cuda backend as its UUID (``"GPU-..."``), which
+    tells GPUs apart across processes whatever ``CUDA_VISIBLE_DEVICES`` each sees; None where
+    kernels do not run on a GPU."""
+    index = _gpu_index()
+    return None if index is None else f"GPU-{torch.cuda.get_device_properties(index).uuid}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +68,15 @@ class NodeLayout:
             rank appears in ``ranks``.
         nodes: the global ranks of the group on each node, in group-rank order.
         node: the node of this process.
+        gpus: the GPU each rank of ``ranks`` uses, by UUID (:func:`gpu_key`), None for a
+            rank whose kernels do not run on a GPU; empty when not known.
     """
 
     ranks: tuple[int, ...]
     keys: tuple[str, ...]
     nodes: tuple[tuple[int, ...], ...]
     node: int
+    gpus: tuple[str | None, ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -91,8 +114,19 @@ class NodeLayout:
         """The place of global rank ``rank`` among its node's ranks of the group."""
         return self.nodes[self.node_of(rank)].index(rank)
 
+    def gpu_of(self, rank: int) -> str | None:
+        """The GPU of global rank ``rank`` (a member), as in :attr:`gpus`."""
+        return self.gpus[self.ranks.index(rank)] if self.gpus else None
 
-def _layout_from(ranks: Sequence[int], keys: Sequence[str], me: int) -> NodeLayout:
+    def ranks_on_gpu(self, rank: int) -> int:
+        """How many ranks of the group use the GPU of global rank ``rank``, itself included
+        (1 for a rank without a GPU): the ranks that share it, on any node of the host."""
+        return machine.ranks_sharing(list(self.gpus), self.ranks.index(rank)) if self.gpus else 1
+
+
+def _layout_from(
+    ranks: Sequence[int], keys: Sequence[str], me: int, gpus: Sequence[str | None] = ()
+) -> NodeLayout:
     order: list[str] = []
     members: dict[str, list[int]] = {}
     for rank, key in zip(ranks, keys):
@@ -102,7 +136,7 @@ def _layout_from(ranks: Sequence[int], keys: Sequence[str], me: int) -> NodeLayo
         members[key].append(rank)
     nodes = tuple(tuple(members[k]) for k in order)
     node = next(i for i, n in enumerate(nodes) if me in n)
-    return NodeLayout(tuple(ranks), tuple(order), nodes, node)
+    return NodeLayout(tuple(ranks), tuple(order), nodes, node, tuple(gpus))
 
 
 #: Layouts already exchanged, per group object (the world under its ProcessGroup object).
@@ -124,11 +158,16 @@ def node_layout(group: dist.ProcessGroup | None = None) -> NodeLayout:
         world = _LAYOUTS.get(dist.group.WORLD)
         if world is not None:  # known from the world's: no exchange
             keys = [world.keys[world.node_of(r)] for r in ranks]
+            gpus = [world.gpu_of(r) for r in ranks]
         elif len(ranks) == 1:
-            keys = [node_key()]
+            keys, gpus = [node_key()], [gpu_key()]
         else:
-            keys = exchange(group, "iris.mem node layout", node_key())
-        layout = _LAYOUTS[key] = _layout_from(ranks, keys, dist.get_rank())
+            pairs = exchange(group, "iris.mem node layout", (node_key(), gpu_key()))
+            keys, gpus = [p[0] for p in pairs], [p[1] for p in pairs]
+        layout = _LAYOUTS[key] = _layout_from(ranks, keys, dist.get_rank(), gpus)
+        index = _gpu_index() if layout.gpu_of(dist.get_rank()) is not None else None
+        if index is not None:  # this rank's count is what capabilities() reports
+            machine.note_ranks_on_device(index, layout.ranks_on_gpu(dist.get_rank()))
     return layout
 
 
@@ -148,7 +187,8 @@ def subgroup(
     machinery; only the members take part.
 
     :param device_backend: the heap backend (``"cpu"``: gloo; ``"cuda"``: NCCL for CUDA
-        tensors, gloo for CPU tensors).
+        tensors, gloo for CPU tensors, unless the parent moves CUDA tensors with gloo: see
+        :func:`iris.mem.bootstrap.group_backend`).
     """
     ranks = sorted(int(r) for r in ranks)
     if dist.get_rank() not in ranks:
@@ -160,39 +200,11 @@ def subgroup(
     found = table.get((purpose, tuple(ranks)))
     if found is not None:
         return found
-    backend = "gloo" if device_backend == "cpu" else "cuda:nccl,cpu:gloo"
+    backend = group_backend(device_backend, parent)
     parent_name = key.group_name
     name = f"iris:{parent_name}:{purpose}:{'_'.join(map(str, ranks))}"
-    group = _make_group(ranks, backend, name)
+    group = make_group(ranks, backend, name)
     table[(purpose, tuple(ranks))] = group
-    return group
-
-
-def _make_group(ranks: list[int], backend: str, name: str) -> dist.ProcessGroup:
-    """A registered process group of ``ranks`` named ``name``, made by its members only."""
-    default = c10d._get_default_group()
-    try:
-        helper = c10d._new_process_group_helper
-        _, store = c10d._world.pg_map[default]
-    except (AttributeError, KeyError):  # pragma: no cover - a torch without these internals
-        helper = None
-    if helper is None:  # pragma: no cover
-        group = dist.new_group(ranks, backend=backend, use_local_synchronization=True)
-    else:
-        group, _ = helper(
-            len(ranks),
-            ranks.index(dist.get_rank()),
-            ranks,
-            dist.Backend(backend),
-            store,
-            name,
-            timeout=host_timeout(),
-            device_id=default.bound_device_id,
-            group_desc=name,
-        )
-        c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
-    if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise IrisError(f"internal: making the process group {name} failed")
     return group
 
 

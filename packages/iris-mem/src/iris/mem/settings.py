@@ -157,6 +157,13 @@ def local_rank() -> int | None:
     return None if value is None else int(value)
 
 
+def local_world_size() -> int | None:
+    """How many ranks the launcher started on this node (``LOCAL_WORLD_SIZE``, set by
+    torchrun), or None when unset."""
+    value = text("LOCAL_WORLD_SIZE")
+    return None if value is None else int(value)
+
+
 def node_id() -> str | None:
     """``IRIS_NODE_ID``: this rank's launcher agent (node) on its host, or None when unset
     (then torchrun's ``GROUP_RANK`` is used)."""

@@ -6,6 +6,13 @@ function in each, and returns what every rank returned. A rank that raises, cras
 outlives the deadline fails the whole world: every rank is killed at the deadline and
 the error names the ranks and shows their tracebacks.
 
+A world needs ranks, not GPUs: with the cuda backend its ranks use the GPUs present round
+robin (``LOCAL_RANK`` modulo their number), so on a machine with fewer GPUs than ranks, one
+included, ranks share GPUs (:func:`shares_gpus`). :func:`gpu_skip_reason` says why a case
+cannot run here (no GPU at all, or a case that needs a GPU per rank). Where ranks share a
+GPU, each hand-off between them waits for the GPU to switch processes, so every deadline
+grows by the number of ranks per GPU (:func:`deadline_scale`).
+
 Deadlines must hold on a loaded machine: with ``IRIS_TEST_DURATIONS`` set to a file path,
 every world and example appends one JSON line to it (the pytest test that ran it, the world
 size, the deadline and the seconds taken), which ``.ci/check_deadlines.py`` compares.
@@ -34,6 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .bootstrap import host_group
+from .machine import Capabilities
 from .watchdog import CLEAN_END, describe_exception, report_exit
 
 _PRELOAD = ["torch", "triton", "triton.language"]
@@ -112,8 +121,10 @@ def _run_rank(
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         # Finish the rendezvous on every rank before any rank can run ahead, finish and
-        # tear its connections down under a peer that is still connecting.
-        dist.barrier()
+        # tear its connections down under a peer that is still connecting. On the CPU: a
+        # world of NCCL alone barriers through a gloo group of the same ranks, since NCCL
+        # refuses ranks that share a GPU.
+        dist.barrier(group=host_group(None))
         try:
             try:
                 value = fn(rank, world_size, *args, **kwargs)
@@ -154,7 +165,8 @@ def launch_world(
 
     :param fn: a module-level (picklable) function. A rank's result is taken after its
         current CUDA device has finished the work ``fn`` queued.
-    :param timeout: seconds until every rank still running is killed (SIGKILL).
+    :param timeout: seconds until every rank still running is killed (SIGKILL); times
+        :func:`deadline_scale` where the ranks share GPUs.
     :param env: extra environment variables for the ranks (set before ``fn`` runs, so
         variables read at import, like ``IRIS_DEBUG``, take effect in modules ``fn``
         imports).
@@ -163,6 +175,7 @@ def launch_world(
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    timeout = timeout * deadline_scale(world_size)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     folder = tempfile.mkdtemp(prefix="iris-world-")
@@ -184,6 +197,7 @@ def launch_world(
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world_size),  # as torchrun sets it: one node
             }
             entry = {
                 "SYS_PATH": list(sys.path),
@@ -247,14 +261,87 @@ def run_world(
     return [r.value for r in results]
 
 
+def _test_backend() -> str:
+    return os.environ.get("IRIS_BACKEND", "cpu")
+
+
+def visible_gpus() -> int:
+    """GPUs this process sees (0 without CUDA); asks the driver, creates no CUDA context."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def shares_gpus(world_size: int, gpus: int | None = None) -> bool:
+    """Whether a world of ``world_size`` ranks on the cuda backend (``IRIS_BACKEND``) has
+    ranks sharing a GPU on this machine (more ranks than ``gpus``, default the visible GPUs).
+    Then NCCL cannot serve it (it refuses two ranks on one GPU): references come from gloo
+    or from a computation in one process, and times mean nothing."""
+    if _test_backend() != "cuda":
+        return False
+    return world_size > (visible_gpus() if gpus is None else gpus)
+
+
+def gpu_skip_reason(world_size: int, separate_gpus: str | None = None, gpus: int | None = None) -> str | None:
+    """Why a case of ``world_size`` ranks cannot run here, or None when it can.
+
+    On the cpu backend every world can. On the cuda backend a world needs one GPU, whatever
+    its size (ranks share GPUs round robin). ``separate_gpus`` names what the case shows that
+    only a GPU per rank can (``"link bandwidth between GPUs"``, ``"peer access between
+    GPUs"``): such a case needs ``world_size`` GPUs, and its reason says so.
+
+    :param gpus: the GPUs to count with (default: the visible ones).
+    """
+    if _test_backend() != "cuda":
+        return None
+    found = visible_gpus() if gpus is None else gpus
+    if found < 1:
+        return "IRIS_BACKEND=cuda but no GPU is visible"
+    if separate_gpus and found < world_size:
+        return (
+            f"{separate_gpus} needs {world_size} separate GPUs (one per rank), found {found}: ranks "
+            "sharing a GPU cannot show it"
+        )
+    return None
+
+
+def require_world(world_size: int, separate_gpus: str | None = None) -> None:
+    """Skip the calling pytest test when :func:`gpu_skip_reason` says this machine cannot
+    run a world of ``world_size`` ranks (the test helpers of every Iris package call it)."""
+    reason = gpu_skip_reason(world_size, separate_gpus)
+    if reason:
+        import pytest  # optional: only tests call this, and they run under pytest
+
+        pytest.skip(reason)
+
+
+def hopper_capabilities(ranks_on_device: int = 1, name: str = "NVIDIA H200") -> Capabilities:
+    """The capabilities an H200-like GPU (132 SMs, NVLink) reports when ``ranks_on_device``
+    ranks use it: for tests, on any machine, of the choices made from them (tuning tables
+    by GPU model, what ranks sharing a GPU may not do)."""
+    return Capabilities(
+        torch.device("cuda", 0), "cuda", False, 132, (9, 0), 132, True, True, True,
+        name=name, nvlink=True, ranks_on_device=ranks_on_device,
+    )  # fmt: skip
+
+
+def deadline_scale(world_size: int, gpus: int | None = None) -> int:
+    """How many times its deadline a world of ``world_size`` ranks may take on this machine:
+    the ranks per GPU where they share GPUs (:func:`shares_gpus`: the GPU runs one process at
+    a time, and each hand-off between them waits for a switch), else 1."""
+    if not shares_gpus(world_size, gpus):
+        return 1
+    found = visible_gpus() if gpus is None else gpus
+    return -(-world_size // max(found, 1))
+
+
 def run_example(path: str | os.PathLike, nproc: int, timeout: float = 180.0) -> str:
     """Run a self-checking example script under torchrun and return its output.
 
     The script defines ``NAME = "..."`` and prints ``[rank r/w] NAME: validated`` on every
     rank (or ``FAILED``). Runs on the backend of ``IRIS_BACKEND`` (the interpreter for
     ``cpu``). Raises AssertionError naming what went wrong: an exit code, a missing rank
-    line, a FAILED line, or the deadline.
+    line, a FAILED line, or the deadline (``timeout`` seconds, times :func:`deadline_scale`).
     """
+    timeout = timeout * deadline_scale(nproc)
     path = os.fspath(path)
     with open(path) as f:
         match = re.search(r'^NAME = "([^"]+)"', f.read(), re.MULTILINE)
@@ -358,11 +445,17 @@ def run_nodes(
 __all__ = [
     "RankResult",
     "WorldError",
+    "deadline_scale",
+    "gpu_skip_reason",
+    "hopper_capabilities",
     "launch_world",
     "record_duration",
+    "require_world",
     "run_example",
     "run_nodes",
     "run_world",
+    "shares_gpus",
+    "visible_gpus",
 ]
 
 

@@ -84,7 +84,8 @@ STATUS_ABORTED: tl.constexpr = tl.constexpr(2)
 #: ``status[0]`` of a sync state on which ranks made different calls (:func:`record_mismatch`).
 STATUS_MISMATCH: tl.constexpr = tl.constexpr(3)
 #: A wait reads its state's status word only once it has waited this long (ns): waits that
-#: end sooner (nearly all) cost no extra memory access.
+#: end sooner (nearly all) cost no extra memory access. Time on the GPU's clock, like the
+#: budget: where ranks share a GPU and the waiting kernel is switched out, both keep running.
 ABORT_POLL_NS: tl.constexpr = tl.constexpr(20_000)
 
 

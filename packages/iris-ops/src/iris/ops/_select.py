@@ -16,7 +16,8 @@ through :mod:`iris.ccl.tuning` (:data:`TABLES`)::
 (the first rule whose ``max_work`` is at least the call's work wins; null: any work), and
 where neither holds rules for this model and group size,
 
-3. :func:`heuristic_rules`, never a table measured on another machine.
+3. :func:`heuristic_rules`, never a table measured on another machine, and nothing but the
+   heuristic where ranks share the GPU (:attr:`iris.mem.Capabilities.shared`).
 
 Every rank decides from the same facts (the shape, the group size, the GPU model and its
 links), so every rank of a group of identical GPUs takes the same path.
@@ -108,5 +109,6 @@ def path(op: str, work: int, world_size: int, device, config: Config | None) -> 
     if chosen != "auto":
         return chosen
     caps = iris.mem.capabilities(device)
-    rules, _ = rules_for(op, world_size, tuning.model_key(caps), caps.nvlink, caps.interpreted)
+    heuristic = functools.partial(heuristic_rules, op, world_size, caps.nvlink, caps.interpreted)
+    rules, _ = TABLES.rules_for_machine(op, world_size, caps, heuristic)  # no table on a shared GPU
     return tuning.pick(rules, work)[1]

@@ -7,6 +7,12 @@ this process with peer access enabled. IPC handles are plain bytes, so they trav
 the process group the job already has: no socket mesh and no file-descriptor passing, which
 VMM exports would need. The heap has a fixed size, so VMM's ability to grow is not needed.
 
+Ranks may share a GPU (more ranks than GPUs: rank to GPU is the local rank modulo the GPUs
+present). A peer on this rank's own GPU is another process there, and its heap is mapped
+the same way, by IPC (a handle opens in any process but the one that exported it); only
+peer access, which is between two GPUs, is not asked for. Kernels then reach it like any
+peer's heap, and the GPU time-slices the ranks' kernels.
+
 The CUDA runtime is reached through ctypes on the ``libcudart`` that torch has already
 loaded, so the backend needs no compiled extension and no extra package.
 """
@@ -20,7 +26,7 @@ import threading
 
 import torch
 
-from .. import settings
+from .. import machine
 from ..bootstrap import Communicator
 from ..log import get_logger
 from .base import Backend
@@ -158,9 +164,7 @@ class CudaBackend(Backend):
     def __init__(self, comm: Communicator) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("the cuda backend needs a CUDA GPU, and torch sees none; use backend='cpu'")
-        count = torch.cuda.device_count()
-        local_rank = settings.local_rank()
-        index = int(local_rank) % count if local_rank is not None else comm.global_rank(comm.rank) % count
+        index = machine.rank_gpu(comm.global_rank(comm.rank))  # local rank modulo the GPUs present
         torch.cuda.set_device(index)
         self._device = torch.device("cuda", index)
         self._runtime = _Runtime()
@@ -184,17 +188,17 @@ class CudaBackend(Backend):
                 f"the cuda backend maps heaps within one node, but the ranks run on hosts {hosts}"
             )
         bus_ids = [p["bus_id"] for p in peers]
-        if len(set(bus_ids)) != len(bus_ids):
-            raise RuntimeError(
-                f"ranks share GPUs (PCI bus ids by rank: {bus_ids}); the cuda backend needs one GPU per rank"
-            )
         for rank, bus_id in enumerate(bus_ids):
+            if bus_id == me["bus_id"]:  # this rank, or a rank sharing its GPU: no peer access to ask
+                continue
             peer_index = rt.device_by_pci_bus_id(bus_id)
-            if rank != comm.rank and peer_index is not None and not rt.can_access_peer(index, peer_index):
+            if peer_index is not None and not rt.can_access_peer(index, peer_index):
                 raise RuntimeError(
                     f"GPU {me['bus_id']} (rank {comm.rank}) cannot access GPU {bus_id} (rank {rank}) as a "
                     "peer: the two are not connected by NVLink or a P2P-capable PCIe path"
                 )
+        # Ranks sharing this GPU (the same bus id): what capabilities().ranks_on_device says.
+        machine.note_ranks_on_device(index, machine.ranks_sharing(bus_ids, comm.rank))
         ptr = rt.malloc(heap_size)
         local = _DeviceMemory(rt, ptr, heap_size, index, owned=True)
         memories = [local]
