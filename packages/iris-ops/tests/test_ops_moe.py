@@ -102,6 +102,13 @@ def moe_case(rank, world, case, dtype, hidden, k, experts, tokens, calls, config
         counts = d.expert_counts.cpu()
         if counts.dtype != torch.int64 or counts.tolist() != want_counts:
             problems.append(f"{label}: expert_counts {counts.dtype} {counts.tolist()} != {want_counts}")
+        offsets, want_offsets = d.expert_offsets.cpu(), [sum(want_counts[:j]) for j in range(local + 1)]
+        if (
+            offsets.dtype != torch.int64
+            or offsets.tolist() != want_offsets
+            or d.expert_offsets.device != d.tokens.device
+        ):
+            problems.append(f"{label}: expert_offsets {offsets.dtype} {offsets.tolist()} != {want_offsets}")
         got = d.tokens[: sum(want_counts)].cpu()
         if not torch.equal(got, want_rows):
             bad = (got != want_rows).any(1).nonzero().flatten()[:5].tolist()
@@ -163,8 +170,10 @@ def matrix_body(rank, world_size, cases, errors=False, compile_too=False):
         bad += moe_case(rank, world_size, i, **case)
         n += 1
     if errors:
-        bad += bad_inputs(rank, world_size)
-        n += 1
+        bad += (
+            bad_inputs(rank, world_size) + capacity_growth(rank, world_size) + aborted_heap(rank, world_size)
+        )
+        n += 3
     if compile_too:
         bad += compiled(rank, world_size)
         n += 1
@@ -179,7 +188,7 @@ def test_matches_reference(world_size):
     require_world(world_size)
     cases, errors, compile_too = CASES[world_size], world_size == 3, False
     results = run_world(matrix_body, world_size, cases, errors, compile_too, timeout=WORLD_TIMEOUT)
-    assert_clean(results, len(cases) + errors + compile_too)
+    assert_clean(results, len(cases) + 3 * errors + compile_too)
 
 
 @pytest.mark.full
@@ -218,7 +227,7 @@ def bad_inputs(rank, world_size) -> list[str]:
     _expect(bad, "num_experts", ValueError, ["divisible"], lambda: iris.ops.moe_dispatch(x, idx, 7))
     _expect(bad, "rows", ValueError, ["rows"], lambda: iris.ops.moe_dispatch(x[1:], idx, 6))
     _expect(bad, "idx dtype", TypeError, ["int64"], lambda: iris.ops.moe_dispatch(x, idx.float(), 6))
-    _expect(bad, "x dtype", TypeError, ["dtype"], lambda: iris.ops.moe_dispatch(x.double(), idx, 6))
+    _expect(bad, "x dtype", TypeError, ["dtype"], lambda: iris.ops.moe_dispatch(x.int(), idx, 6))
     wrong = idx.clone()
     wrong[1, 1] = 6  # out of range on the last rank only: every rank is told
     _expect(
@@ -240,6 +249,95 @@ def bad_inputs(rank, world_size) -> list[str]:
         lambda: iris.ops.moe_dispatch(x, idx, 6, config=small),
     )  # fmt: skip
     _expect(bad, "config", TypeError, ["MoEConfig"], lambda: iris.ops.moe_dispatch(x, idx, 6, config=1))
+    return bad
+
+
+def capacity_growth(rank, world_size) -> list[str]:
+    """The capacity is made for the first call's batch; a later, larger batch that does not
+    fit raises on every rank and moves nothing; with ``max_recv_rows=`` the buffers grow
+    (the rows then equal the reference), never shrink, and a dispatch made before the growth
+    can no longer be combined."""
+    import iris.ops
+
+    dev = setup_rank()
+    bad, experts, hidden = [], 2 * world_size, 40  # a signature of its own
+    g = torch.Generator().manual_seed(rank)
+    small, small_idx = (
+        torch.randn(2, hidden, generator=g).to(dev),
+        torch.tensor([[0, 1], [1, -1]], device=dev),
+    )
+    d = iris.ops.moe_dispatch(small, small_idx, experts)
+    iris.ops.moe_combine(d.tokens, d, torch.ones(2, 2, device=dev))
+    first = d.capacity
+    if first != world_size * 2 * 2:
+        bad.append(f"first capacity {first} != G * K * max T = {world_size * 4}")
+    big = torch.randn(6, hidden, generator=g).to(dev)
+    to_zero = torch.zeros(6, 2, dtype=torch.int64, device=dev)  # every slot of every rank to expert 0
+    w = torch.rand(6, 2, generator=g).to(dev)
+    _expect(
+        bad,
+        "larger batch",
+        RuntimeError,
+        ["max_recv_rows"],
+        lambda: iris.ops.moe_dispatch(big, to_zero, experts),
+    )
+    need = 12 * world_size
+    d = iris.ops.moe_dispatch(big, to_zero, experts, max_recv_rows=need)
+    if d.capacity != need:
+        bad.append(f"capacity after max_recv_rows={need}: {d.capacity}")
+    if rank == 0:
+        if d.expert_offsets.tolist() != [0, need, need]:
+            bad.append(f"offsets after growth {d.expert_offsets.tolist()} != {[0, need, need]}")
+    y = iris.ops.moe_combine(d.tokens, d, w)
+    if not torch.allclose(y.cpu(), (big * w.sum(1, keepdim=True)).cpu(), atol=1e-5, rtol=1e-5):
+        bad.append("combine after growth differs from sum_k w * x")
+    d = iris.ops.moe_dispatch(small, small_idx, experts, max_recv_rows=4)
+    if d.capacity != need:
+        bad.append(f"max_recv_rows below the capacity shrank it to {d.capacity}")
+    d2 = iris.ops.moe_dispatch(small, small_idx, experts, max_recv_rows=need + 1)
+    _expect(
+        bad,
+        "combine after growth",
+        RuntimeError,
+        ["released"],
+        lambda: iris.ops.moe_combine(d.tokens, d, w[:2]),
+    )
+    iris.ops.moe_combine(d2.tokens, d2, w[:2])
+    _expect(
+        bad, "max_recv_rows", ValueError, ["max_recv_rows"],
+        lambda: iris.ops.moe_dispatch(small, small_idx, experts, max_recv_rows=0),
+    )  # fmt: skip
+    return bad
+
+
+def aborted_heap(rank, world_size) -> list[str]:
+    """Tensors of an aborted heap are refused by moe_dispatch and moe_combine with
+    AbortedError on every rank (the abort is each rank's own), as iris.ccl refuses them."""
+    import iris.mem
+    import iris.ops
+
+    dev = setup_rank()
+    bad, experts = [], 2 * world_size
+    heap = iris.mem.init(1 << 20)
+    x = heap.zeros((3, 16))
+    idx = torch.zeros(3, 1, dtype=torch.int64, device=dev)
+    d = iris.ops.moe_dispatch(torch.zeros(3, 16, device=dev), idx, experts)
+    expert_out = heap.zeros((d.capacity, 16))
+    heap.abort()
+    _expect(
+        bad,
+        "aborted x",
+        iris.mem.AbortedError,
+        ["x", "aborted"],
+        lambda: iris.ops.moe_dispatch(x, idx, experts),
+    )
+    weights = torch.ones(3, 1, device=dev)
+    _expect(
+        bad, "aborted expert_out", iris.mem.AbortedError, ["expert_out", "aborted"],
+        lambda: iris.ops.moe_combine(expert_out, d, weights),
+    )  # fmt: skip
+    iris.ops.moe_combine(d.tokens, d, weights)
+    heap.close()
     return bad
 
 

@@ -15,7 +15,7 @@ import iris.mem  # noqa: F401 - first: it decides whether Triton kernels are int
 from iris.ccl import Work
 
 # Registered at import with iris.ccl.entry: the custom ops and compiled forms, the staged forms.
-from . import _hier, _library  # noqa: F401
+from . import _hier, _library, _moe_library  # noqa: F401
 from ._version import __version__
 from .all_gather_matmul import all_gather_matmul
 from .all_reduce_rmsnorm import all_reduce_rmsnorm

@@ -37,7 +37,6 @@ from iris.ccl.library import (
     resolve_group,
 )
 
-from . import moe
 from .all_gather_matmul import all_gather_matmul as run_all_gather_matmul
 from .all_reduce_rmsnorm import all_reduce_rmsnorm as run_all_reduce_rmsnorm
 from .config import AllReduceRMSNormConfig, Config, MoEConfig
@@ -210,48 +209,6 @@ keep_in_order(all_reduce_rmsnorm)
 keep_in_order(all_reduce_rmsnorm_, ordered=False)
 
 
-# --------------------------------------------------------------------------- expert parallelism
-#
-# moe_dispatch returns the receive buffer (``[capacity, H]``, its row count decided when the
-# workspace is made: a size the fake implementation declares data-dependent), the counts per
-# local expert and the positions of this rank's slots; moe_combine takes those positions back
-# and finds the dispatch they came from.
-
-
-@torch.library.custom_op(f"{NAMESPACE}::moe_dispatch", mutates_args=())
-def moe_dispatch(
-    x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, group: str = "", config: str = ""
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``iris.ops.moe_dispatch``: ``(tokens, expert_counts, positions)``."""
-    d = moe.moe_dispatch(x, topk_idx, num_experts, group=resolve_group(group), config=_cfg(config, MoEConfig))
-    moe.remember(d)
-    return d.tokens, d.expert_counts, d.positions
-
-
-@torch.library.custom_op(f"{NAMESPACE}::moe_combine", mutates_args=())
-def moe_combine(
-    expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: torch.Tensor, positions: torch.Tensor,
-    num_experts: int, group: str = "", config: str = "",
-) -> torch.Tensor:  # fmt: skip
-    """``iris.ops.moe_combine`` of the dispatch that returned ``positions``."""
-    return moe.moe_combine(expert_out, moe.recall(positions), topk_weights)
-
-
-@moe_dispatch.register_fake
-def _(x, topk_idx, num_experts, group="", config=""):
-    rows = torch.library.get_ctx().new_dynamic_size()
-    counts = x.new_empty(num_experts // _group_size(group), dtype=torch.int64)
-    return x.new_empty(rows, x.shape[1]), counts, x.new_empty(topk_idx.shape, dtype=torch.int32)
-
-
-@moe_combine.register_fake
-def _(expert_out, topk_weights, topk_idx, positions, num_experts, group="", config=""):
-    return expert_out.new_empty(positions.shape[0], expert_out.shape[1])
-
-
-keep_in_order(moe_dispatch, moe_combine)
-
-
 # --------------------------------------------------------------------------- compiled forms
 
 
@@ -275,29 +232,3 @@ def _(args: dict) -> None:
     args["out"].copy_(normed)
     if args["residual_out"] is not None:
         args["residual_out"].copy_(summed)
-
-
-@entry.compiled_form("moe_dispatch")
-def _(args: dict) -> moe.MoEDispatch:
-    x, topk_idx, num_experts, group, config = (
-        args[n] for n in ("x", "topk_idx", "num_experts", "group", "config")
-    )
-    tokens, counts, positions = torch.ops.iris.moe_dispatch(
-        x, topk_idx, num_experts, group_name(group), encode_config(config, MoEConfig)
-    )
-    return moe.MoEDispatch(tokens, counts, positions, topk_idx, num_experts, None, 0, config, group)
-
-
-@entry.compiled_form("moe_combine")
-def _(args: dict) -> torch.Tensor:
-    d = args["d"]
-    key = encode_config(d._cfg, MoEConfig)
-    return torch.ops.iris.moe_combine(
-        args["expert_out"],
-        args["topk_weights"],
-        d.topk_idx,
-        d.positions,
-        d.num_experts,
-        group_name(d._group),
-        key,
-    )
