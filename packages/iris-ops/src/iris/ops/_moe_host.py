@@ -151,10 +151,22 @@ def validate_dispatch(x, topk_idx, num_experts, size: int, x_scales=None, quanti
         or not 1 <= max_recv_rows < 1 << 31
     ):
         raise ValueError(f"{op}: max_recv_rows must be None or an int in [1, 2**31), got {max_recv_rows!r}")
-    if torch.is_grad_enabled() and x.requires_grad and (x.dtype in FP8 or quantize is not None):
+    check_float8_grad(op, x, x_scales, quantize)
+
+
+def check_float8_grad(op: str, x, x_scales, quantize) -> None:
+    """A RuntimeError where autograd records and a float8 dispatch's input requires grad: no
+    gradient flows through float8 rows, and none may be dropped silently."""
+    if not torch.is_grad_enabled():
+        return
+    if x.requires_grad and (x.dtype in FP8 or quantize is not None):
         raise RuntimeError(
             f"{op}: x requires grad, but no gradient flows through float8 rows (float8 x, or quantize=); "
             "detach x, or dispatch it in bf16/fp16/fp32 to train through the dispatch"
+        )
+    if x_scales is not None and x_scales.requires_grad:
+        raise RuntimeError(
+            f"{op}: x_scales requires grad, but no gradient flows to the scales of float8 rows; detach them"
         )
 
 

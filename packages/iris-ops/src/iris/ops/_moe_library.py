@@ -28,7 +28,7 @@ from iris.ccl.library import NAMESPACE, decode_config, encode_config, group_name
 
 from . import _host, moe
 from . import _moe_grad as _grad
-from ._moe_host import FP8, SCALE_BLOCK, resolve
+from ._moe_host import FP8, SCALE_BLOCK, check_float8_grad, resolve
 from .config import MoEConfig
 
 Tensor = torch.Tensor
@@ -208,11 +208,7 @@ def _(args: dict) -> moe.MoEDispatch:
     )
     x_scales, quantize = args["x_scales"], args["quantize"]
     grad = torch.is_grad_enabled()
-    if grad and (x.requires_grad and (x.dtype in FP8 or quantize is not None)):
-        raise RuntimeError(
-            "moe_dispatch: x requires grad, but no gradient flows through float8 rows (float8 x, or "
-            "quantize=); detach x, or dispatch it in bf16/fp16/fp32 to train through the dispatch"
-        )
+    check_float8_grad("moe_dispatch", x, x_scales, quantize)
     tokens, counts, offsets, positions, scales, _, _ = torch.ops.iris.moe_dispatch(
         x, topk_idx, num_experts, x_scales, quantize, args["max_recv_rows"] or 0, group_name(group),
         encode_config(config, MoEConfig), grad,
