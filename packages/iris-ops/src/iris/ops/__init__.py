@@ -24,7 +24,7 @@ from .matmul_all_gather import matmul_all_gather
 from .matmul_all_reduce import matmul_all_reduce
 from .matmul_reduce_scatter import matmul_reduce_scatter
 from .moe import MoEDispatch, check_errors, moe_combine, moe_dispatch
-from .workspace import Workspace, release_workspaces
+from .workspace import Workspace, release_workspaces, workspace_scope
 
 __all__ = [
     "AllReduceRMSNormConfig",
@@ -43,4 +43,5 @@ __all__ = [
     "moe_combine",
     "moe_dispatch",
     "release_workspaces",
+    "workspace_scope",
 ]

@@ -385,14 +385,6 @@ def workspace_for(ranks, group, x, slots: int, num_experts: int, cfg: MoEConfig,
     return ws, info
 
 
-def forget_workspaces() -> None:
-    """Drop the MoE tables' entries (their workspaces were released)."""
-    for table in list(_TABLES.values()):
-        for key, ws in list(table.items()):
-            if not ws.prepared:
-                del table[key]
-
-
 # --------------------------------------------------------------------------- launches
 
 

@@ -14,13 +14,22 @@ A workspace belongs to one process-group object, never to a member list: two gro
 the same members (``dist.new_group([0, 1])`` twice) are independent streams of calls, each
 with its own flags. One on the output's heap is dropped when that heap closes
 (:meth:`iris.mem.SymmetricHeap.on_close`), so closing the heap releases its memory.
+
+The workspaces the ops keep for calls made without ``workspace=`` are a cache per group of at
+most :data:`MAX_KEPT` (least recently used first out). Every rank of a group makes the same
+calls in the same order, so every rank evicts the same workspace at the same call, without
+exchanging anything; closing it is collective and synchronised (no peer still writes into
+it). :func:`release_workspaces` (all groups, or one) and :func:`workspace_scope` (those made
+inside a block) release them on request.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -39,8 +48,19 @@ _log = get_logger(__name__)
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 #: Workspaces the ops keep for calls that pass none: per process-group object (weakly: the
 #: entry goes with the group; the default group under its current ProcessGroup object), then
-#: per signature.
+#: per signature, least recently used first.
 _IMPLICIT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Most workspaces kept per group for calls made without ``workspace=``. A call with a new
+#: signature beyond it first closes the least recently used one (collectively: the ranks
+#: make the same calls, so they close the same one). Set it alike on every rank, before
+#: the calls (shapes that vary call after call, such as decode batches, each keep one: pad
+#: them to a few sizes to keep the workspaces prepared).
+MAX_KEPT = 32
+#: Open :func:`workspace_scope` blocks, innermost last: the (group, signature) of the
+#: workspaces made inside each.
+_SCOPES: list[list[tuple[weakref.ref, tuple]]] = []
+#: ``group`` of :func:`release_workspaces` when every group's workspaces go.
+ALL = object()
 #: Caller heaps that drop their workspaces when they close (one on_close callback each).
 _WATCHED: weakref.WeakSet = weakref.WeakSet()
 _ALIGN = 256
@@ -76,12 +96,20 @@ class Workspace:
     def close(self) -> None:
         """Release the workspace: close its heap when it made one, else give its buffers
         back to the heap it used (:meth:`iris.mem.SymmetricHeap.free`). Collective: every
-        rank closes its workspace. A closed workspace can be prepared again."""
-        if self._owns_heap and self.heap is not None:
-            self.heap.close()
-        elif self.sync is not None:
-            self.sync.release(*self._allocations)
-        self._forget()
+        rank closes its workspace; each first waits until every rank's work queued on it has
+        finished (no peer still writes into it), so no barrier is needed before. A closed
+        workspace can be prepared again."""
+        heap = self.heap
+        try:
+            if self._owns_heap and heap is not None:
+                if not heap.closed and not heap.aborted:
+                    heap.barrier()  # every rank's kernels on it have finished: nobody writes here
+            elif self.sync is not None:
+                self.sync.release(*self._allocations)  # heap.free synchronises the ranks first
+        finally:
+            if self._owns_heap and heap is not None:
+                heap.close()
+            self._forget()
 
     def _forget(self) -> None:
         """Unbind from the heap and group (nothing of the heap is kept)."""
@@ -151,12 +179,7 @@ def acquire(
     """
     key = _group_key(group)
     if workspace is None:
-        table = _IMPLICIT.get(key)
-        if table is None:
-            table = _IMPLICIT[key] = {}
-        workspace = table.get(signature)
-        if workspace is None or not workspace.prepared:
-            workspace = table[signature] = Workspace()
+        workspace = _kept(key, signature)
     elif not isinstance(workspace, Workspace):
         raise TypeError(f"workspace must be an iris.ops.Workspace or None, got {type(workspace).__name__}")
     if workspace.prepared:
@@ -174,6 +197,31 @@ def acquire(
         return workspace
     _prepare(workspace, signature, heap, group, group_size, device, specs)
     workspace._group = weakref.ref(key)
+    return workspace
+
+
+def _kept(key, signature: tuple) -> Workspace:
+    """The workspace the ops keep for ``signature`` on group ``key`` (unprepared when new),
+    now the most recently used; making a new one beyond :data:`MAX_KEPT` first closes the
+    least recently used (collective, the same one on every rank)."""
+    table = _IMPLICIT.get(key)
+    if table is None:
+        table = _IMPLICIT[key] = collections.OrderedDict()
+    workspace = table.get(signature)
+    if workspace is not None and workspace.prepared:
+        table.move_to_end(signature)
+        return workspace
+    for old, kept in list(table.items()):  # released ones (closed, or their heap closed) go first
+        if not kept.prepared:
+            del table[old]
+    for old, kept in list(table.items()):
+        if len(table) < max(MAX_KEPT, 1):
+            break
+        del table[old]
+        kept.close()
+    workspace = table[signature] = Workspace()
+    if _SCOPES:
+        _SCOPES[-1].append((weakref.ref(key), signature))
     return workspace
 
 
@@ -248,13 +296,41 @@ def _prepare(workspace, signature, heap, group, group_size, device, specs) -> No
     _LIVE.add(workspace)
 
 
-def release_workspaces() -> None:
-    """Close the workspaces the ops keep for calls made without ``workspace=`` (collective:
-    every rank calls it). Also runs at interpreter exit through the heaps' finalizers."""
-    for table in list(_IMPLICIT.values()):
+def release_workspaces(group=ALL) -> None:
+    """Close the workspaces the ops keep for calls made without ``workspace=``: every group's
+    (default), or those of ``group`` (a process group; None: the default group).
+
+    Collective over each group concerned (every rank calls it), and safe by itself: each
+    workspace waits until every rank's work queued on it has finished before it is freed,
+    so no barrier is needed before the call. Also runs at interpreter exit through the
+    heaps' finalizers."""
+    keys = list(_IMPLICIT.keys()) if group is ALL else [_group_key(group)]
+    for key in keys:
+        table = _IMPLICIT.pop(key, None) or {}
         for workspace in list(table.values()):
             workspace.close()
-    _IMPLICIT.clear()
+
+
+@contextlib.contextmanager
+def workspace_scope() -> Iterator[None]:
+    """``with iris.ops.workspace_scope():`` releases, at the end of the block, the workspaces
+    the ops made for calls inside it without ``workspace=`` (collectively, as
+    :func:`release_workspaces` does); those made before stay. Scopes nest: an inner one
+    releases its own. When the block raises, its workspaces are kept (a peer may not have
+    raised: releasing waits for every rank) and go with the next release."""
+    frame: list[tuple[weakref.ref, tuple]] = []
+    _SCOPES.append(frame)
+    try:
+        yield
+    finally:
+        # by identity: an equal (empty) frame of another scope is not this one
+        del _SCOPES[next(i for i, f in enumerate(_SCOPES) if f is frame)]
+    for key_ref, signature in frame:
+        key = key_ref()
+        table = _IMPLICIT.get(key) if key is not None else None
+        workspace = table.pop(signature, None) if table is not None else None
+        if workspace is not None:
+            workspace.close()
 
 
 def check_errors() -> None:
