@@ -25,7 +25,9 @@ per token and block of 128 channels (``amax / fp8 max``), and travel with their 
 received rows to bf16 for ``moe_combine`` (so the layer, and combine = layer - dispatch,
 include that elementwise step on both sides); the PyTorch path moves each row's fp8 bytes and
 its scales as one byte row. The same run also times the bf16 dispatch of the same tokens
-(``iris_bf16_dispatch_us``), for the fp8 / bf16 ratio at one number of tokens.
+(``iris_bf16_dispatch_us``), for the fp8 / bf16 ratio at one number of tokens, and the
+dispatch that quantizes the bf16 tokens itself (``moe_dispatch(x, idx, experts,
+quantize=fp8)``: ``iris_quantize_dispatch_us``; its layer is checked like the others).
 
 On GPUs the copy engine moving dispatch's link bytes to the next rank (``peer_tensor(...).copy_``
 on a symmetric heap, one contiguous block) is timed beside it: ``copy_engine_GBps``, the
@@ -230,6 +232,10 @@ def bench(tokens: int, args, device) -> dict:
             d = iris_dispatch()
             return iris.ops.moe_combine(dequantize(d.tokens, d.scales), d, w)
 
+        def iris_quantize_layer():
+            d = iris.ops.moe_dispatch(x16, idx, args.experts, quantize=dtype, config=cfg)
+            return iris.ops.moe_combine(dequantize(d.tokens, d.scales), d, w)
+
         def torch_rows():
             return torch_dispatch(packed, idx, args.experts)
 
@@ -260,7 +266,10 @@ def bench(tokens: int, args, device) -> dict:
     tol = 0.02 * max(want.abs().max().item(), 1.0)
 
     problems = []
-    for name, fn in (("iris", iris_layer), ("torch", torch_layer)):
+    layers = [("iris", iris_layer), ("torch", torch_layer)] + (
+        [("iris quantize=", iris_quantize_layer)] if fp8 else []
+    )
+    for name, fn in layers:
         err = (fn().float() - want).abs().max().item()
         if not err <= tol:
             problems.append(f"{name}: combined output off by {err:.3g}")
@@ -271,9 +280,14 @@ def bench(tokens: int, args, device) -> dict:
     row["iris_dispatch_us"] = timed(iris_dispatch, args.reps, device)
     row["iris_layer_us"] = timed(iris_layer, args.reps, device)
     row["torch_dispatch_us"] = timed(torch_rows, args.reps, device)
-    if fp8:  # the same tokens dispatched in bf16, in this run
+    if fp8:  # the same tokens dispatched in bf16, and quantized by the dispatch, in this run
         row["iris_bf16_dispatch_us"] = timed(
             lambda: iris.ops.moe_dispatch(x16, idx, args.experts), args.reps, device
+        )
+        row["iris_quantize_dispatch_us"] = timed(
+            lambda: iris.ops.moe_dispatch(x16, idx, args.experts, quantize=dtype, config=cfg),
+            args.reps,
+            device,
         )
     row["torch_layer_us"] = timed(torch_layer, args.reps, device)
     row["iris_combine_us"] = max(row["iris_layer_us"] - row["iris_dispatch_us"], 0.0)
@@ -353,6 +367,7 @@ def main() -> int:
                 + (f" (copy engine {r['copy_engine_GBps']:.1f})" if "copy_engine_GBps" in r else "")
                 + (
                     f"  bf16 dispatch {r['iris_bf16_dispatch_us']:.1f}"
+                    f"  quantizing dispatch {r['iris_quantize_dispatch_us']:.1f}"
                     if "iris_bf16_dispatch_us" in r
                     else ""
                 )
@@ -376,8 +391,7 @@ def main() -> int:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "args": vars(args), "results": rows}, f, indent=1)
-    dist.barrier()
-    iris.ops.release_workspaces()
+    iris.ops.release_workspaces()  # collective; synchronises the ranks itself
     dist.destroy_process_group()
     return 1 if failed else 0
 
