@@ -209,7 +209,8 @@ class MoEConfig:
             first call (the worst case: every slot of every rank routed to one rank). A
             call that would exceed it moves no row, records the error on the device, and
             the host raises it at the next check (:meth:`~iris.ops.MoEDispatch.check`,
-            :func:`iris.ops.check_errors`; at once where kernels are interpreted).
+            :func:`iris.ops.check_errors`; at once where kernels are interpreted). A call's
+            ``moe_dispatch(..., max_recv_rows=n)`` grows the buffers to ``n`` when larger.
         programs: persistent programs (1-1024); default: the device's SM count (1 where
             kernels are interpreted, where programs run one after another).
         block: elements of a row moved at once (power of two, 64-16384); default: the row
