@@ -156,6 +156,21 @@ def compiled(rank, world_size) -> list[str]:
         bad.append(f"compile: the ops are not in the graph: {sorted(names)}")
     if not torch.equal(counts, want_counts) or not torch.allclose(y, want_y, atol=1e-5, rtol=1e-5):
         bad.append("compile: the compiled layer differs from the eager one")
+
+    # float8: rows quantized by the dispatch (scales beside them), a capacity per call
+    x8 = torch.randn(3 + rank, 256, generator=g).to(dev)
+
+    def fp8_layer(x, idx, w):
+        d = iris.ops.moe_dispatch(x, idx, experts, quantize=torch.float8_e5m2, max_recv_rows=64)
+        rows = (d.tokens.float().view(d.tokens.shape[0], 2, 128) * d.scales[:, :, None]).view(-1, 256)
+        return iris.ops.moe_combine(rows.to(torch.bfloat16), d, w), d.expert_offsets
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    y, offsets = torch.compile(fp8_layer, fullgraph=True, backend=counter)(x8, idx, w)
+    want_y, want_offsets = fp8_layer(x8, idx, w)
+    if counter.frame_count != 1 or not torch.equal(offsets, want_offsets) or not torch.equal(y, want_y):
+        bad.append("compile: the compiled float8 layer differs from the eager one")
     return bad
 
 
