@@ -84,7 +84,9 @@ def test_variable_token_counts_keep_workspaces_bounded():
         assert not bad, f"rank {rank}: {bad}"
         assert kept <= limit and kept_after <= limit, f"rank {rank}: {kept}, {kept_after} kept, limit {limit}"
         (fds0, maps0), (fds, maps) = seen
-        assert fds <= fds0 and maps <= maps0, (
+        # Unbounded, each call kept a heap: +1 descriptor and +1-2 mappings a call (about 45
+        # and 90 here); a few mappings come and go with the allocator.
+        assert fds <= fds0 + 1 and maps <= maps0 + 4, (
             f"rank {rank}: open files {fds0} -> {fds}, mappings {maps0} -> {maps} from call {limit + 2} to "
             f"{calls}: {seen}"
         )

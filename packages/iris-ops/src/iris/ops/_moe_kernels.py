@@ -41,7 +41,7 @@ dispatch's counts from every rank, sent after each rank's previous combine had r
 Hence every combine must follow its own dispatch (one combine per dispatch).
 
 **Gradients** run in a workspace of their own, in any order (autograd decides it), so each
-call starts with a handshake instead (:func:`_enter`: every program of every member has
+call starts with a handshake instead (:func:`_all_counted` on ``enter``: every program of every member has
 entered this call, hence finished reading the buffers in the previous one). The gradient of
 dispatch is a combine with weight 1 of the rows' gradients (:func:`_moe_combine_kernel` with
 ``ENTER``); that of combine with respect to ``expert_out`` is ``w[t, k] * grad_y[t]``
@@ -122,12 +122,8 @@ def _moe_dispatch_kernel(
             stride_x, stride_s, E, K, EP, KP, GROUP, ME, BLOCK_H, HINT, SCALES, SP, QDTYPE,
         )  # fmt: skip
         t += 1
-    # 5. Every member's rows have landed here (each program of each member counts once on
-    #    every member, with release after its stores): replicate the rows of slots that share one.
-    for j in tl.static_range(GROUP):
-        signal_count(ctx, arrive + ME, group.rank(j))
-    for q in tl.static_range(GROUP):
-        wait(ctx, group, arrive + q, gen.to(tl.int64) * programs, group.rank(q))
+    # 5. Every member's rows have landed here: replicate the rows of slots that share one.
+    _all_counted(ctx, group, arrive, gen, programs, GROUP, ME)
     if over == 0:
         replicate_rows(tokens, scales, origin, pid, programs, received, H, BLOCK_H, SCALES, SP)
     finish_call(state, gen)
@@ -137,14 +133,14 @@ def _moe_dispatch_kernel(
 
 
 @triton.jit
-def _enter(ctx, group, enter, gen, programs, GROUP: tl.constexpr, ME: tl.constexpr):
-    """Count this program into call ``gen`` on every member, and wait until every program of
-    every member has: each has finished the previous call of the workspace (kernels of one
-    stream run one after another), so its buffers may be overwritten."""
+def _all_counted(ctx, group, counters, gen, programs, GROUP: tl.constexpr, ME: tl.constexpr):
+    """Count this program on every member (``counters[ME]`` there, released after every
+    thread's stores), then wait until every program of every member has counted here in
+    call ``gen`` (``gen x programs`` in each member's counter): their stores are visible."""
     for j in tl.static_range(GROUP):
-        signal_count(ctx, enter + ME, group.rank(j))
+        signal_count(ctx, counters + ME, group.rank(j))
     for q in tl.static_range(GROUP):
-        wait(ctx, group, enter + q, gen.to(tl.int64) * programs, group.rank(q))
+        wait(ctx, group, counters + q, gen.to(tl.int64) * programs, group.rank(q))
 
 
 @triton.jit
@@ -179,6 +175,16 @@ def _return_rows(ctx, group, expert_out, back, source, short, errors, gen, pid, 
 
 
 @triton.jit
+def _token_slots(idx, weights, row, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, ACC: tl.constexpr):
+    """Token ``row``'s ``KP`` slots (past ``K``: none): ``(expert ids, whether each has an
+    expert (int32), weights in ACC)``."""
+    slots = tl.arange(0, KP)
+    ids = tl.load(idx + row * K + slots, mask=slots < K, other=-1).to(tl.int64)
+    valid = ((ids >= 0) & (ids < E)).to(tl.int32)
+    return ids, valid, tl.load(weights + row * K + slots, mask=slots < K, other=0).to(ACC)
+
+
+@triton.jit
 def _weighted_sum(idx, weights, y, back, pid, programs, over, T, H, stride_y, E: tl.constexpr,
                   K: tl.constexpr, KP: tl.constexpr, BLOCK_H: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
     """Tokens ``pid, pid + programs, ...``: ``y[t] = sum_k weights[t, k] * back[t * K + k]``
@@ -187,9 +193,7 @@ def _weighted_sum(idx, weights, y, back, pid, programs, over, T, H, stride_y, E:
     t = pid
     while t < T:
         row = t.to(tl.int64)
-        ids = tl.load(idx + row * K + slots, mask=slots < K, other=-1).to(tl.int64)
-        valid = ((ids >= 0) & (ids < E)).to(tl.int32)
-        w = tl.load(weights + row * K + slots, mask=slots < K, other=0).to(ACC)
+        _, valid, w = _token_slots(idx, weights, row, E, K, KP, ACC)
         h0 = 0
         while h0 < H:
             offs = h0 + tl.arange(0, BLOCK_H)
@@ -228,20 +232,17 @@ def _moe_combine_kernel(
     programs = tl.num_programs(0)
     received = tl.load(meta)
     over = tl.load(meta + 1)
-    if ENTER:
-        _enter(ctx, group, enter, gen, programs, GROUP, ME)
+    if ENTER:  # every member has entered, so has finished reading its buffers in the last call
+        _all_counted(ctx, group, enter, gen, programs, GROUP, ME)
     # 1. Every received row back to the slot it came from.
     _return_rows(
         ctx, group, expert_out, back, source, short, errors, gen, pid, programs, received, over, n_out, H,
         stride_e, GROUP, ME, BLOCK_H, HINT,
     )  # fmt: skip
-    # Each program of each member counts once on every member after its stores (release).
-    for j in tl.static_range(GROUP):
-        signal_count(ctx, done + ME, group.rank(j))
-    for q in tl.static_range(GROUP):
-        wait(ctx, group, done + q, gen.to(tl.int64) * programs, group.rank(q))
-        if q != ME:
-            if pid == 0:
+    _all_counted(ctx, group, done, gen, programs, GROUP, ME)
+    if pid == 0:
+        for q in tl.static_range(GROUP):
+            if q != ME:
                 if tl.load(short + q, volatile=True) == gen:
                     record(errors, ERR_SHORT_OUTPUT, q, -1, -1)
     # 2. This rank's tokens: the weighted sum of their experts' rows.
@@ -264,9 +265,7 @@ def _scatter_slots(ctx, group, grad_y, weights, idx, positions, rows, pid, progr
     t = pid
     while t < T:
         row = t.to(tl.int64)
-        ids = tl.load(idx + row * K + slots, mask=slots < K, other=-1).to(tl.int64)
-        valid = ((ids >= 0) & (ids < E)).to(tl.int32)
-        w = tl.load(weights + row * K + slots, mask=slots < K, other=0).to(ACC)
+        ids, valid, w = _token_slots(idx, weights, row, E, K, KP, ACC)
         at = tl.load(positions + row * K + slots, mask=slots < K, other=0).to(tl.int64)
         h0 = 0
         while h0 < H:
@@ -302,16 +301,14 @@ def _moe_scatter_kernel(
     programs = tl.num_programs(0)
     received = tl.load(meta)
     over = tl.load(meta + 1)
-    _enter(ctx, group, enter, gen, programs, GROUP, ME)
+    # every member has entered, so has finished reading its buffers in the last call
+    _all_counted(ctx, group, enter, gen, programs, GROUP, ME)
     if over == 0:
         _scatter_slots(
             ctx, group, grad_y, weights, idx, positions, rows, pid, programs, T, H, stride_g, E, K, KP, GROUP,
             BLOCK_H, HINT, ACC,
         )  # fmt: skip
-    for j in tl.static_range(GROUP):
-        signal_count(ctx, done + ME, group.rank(j))
-    for q in tl.static_range(GROUP):
-        wait(ctx, group, done + q, gen.to(tl.int64) * programs, group.rank(q))
+    _all_counted(ctx, group, done, gen, programs, GROUP, ME)
     # Every member's rows are here: copy them out, zeros past the rows received.
     kept = tl.where(over == 0, received, 0)
     i = pid.to(tl.int64)
