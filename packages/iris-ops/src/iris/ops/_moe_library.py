@@ -160,13 +160,13 @@ def _dispatch_context(ctx, inputs, output) -> None:
     _, _, _, positions, _, source, meta = output
     ctx.save_for_backward(topk_idx, positions, source, meta)
     ctx.num_experts, ctx.group, ctx.config = num_experts, group, config
-    ctx.tokens_shape = output[0].shape
+    ctx.tokens_shape, ctx.tokens_dtype = output[0].shape, output[0].dtype
 
 
 def _dispatch_grad(ctx, grad_tokens, *_):
     topk_idx, positions, source, meta = ctx.saved_tensors
     if grad_tokens is None:  # the rows were not used; the peers' gradients still travel
-        grad_tokens = meta.new_zeros(ctx.tokens_shape, dtype=torch.float32)
+        grad_tokens = meta.new_zeros(ctx.tokens_shape, dtype=ctx.tokens_dtype)
     grad_x = torch.ops.iris.moe_dispatch_backward(
         grad_tokens, topk_idx, positions, source, meta, ctx.num_experts, ctx.group, ctx.config
     )
