@@ -59,8 +59,17 @@ MAX_KEPT = 32
 #: Open :func:`workspace_scope` blocks, innermost last: the (group, signature) of the
 #: workspaces made inside each.
 _SCOPES: list[list[tuple[weakref.ref, tuple]]] = []
-#: ``group`` of :func:`release_workspaces` when every group's workspaces go.
-ALL = object()
+
+
+class _AllGroups:
+    """The type of :data:`ALL`."""
+
+    def __repr__(self) -> str:
+        return "ALL"
+
+
+#: ``group`` of :func:`release_workspaces` when every group's workspaces go (its default).
+ALL = _AllGroups()
 #: Caller heaps that drop their workspaces when they close (one on_close callback each).
 _WATCHED: weakref.WeakSet = weakref.WeakSet()
 _ALIGN = 256
