@@ -8,7 +8,7 @@ lives on member ``e // L``, which holds ``L = E // G`` local experts.
 import triton
 import triton.language as tl
 
-from iris.ccl.triton import ll
+from iris.ccl.triton import convert, ll
 from iris.mem.utils import record_timeout, wait_at_least
 
 #: Error codes a kernel records in a workspace's ``errors`` words ``[code, rank, a, b]``:
@@ -63,45 +63,19 @@ def pick(vec, ak, k):
 
 
 @triton.jit
-def _fp8_grid(v, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, MAX: tl.constexpr):
-    """fp32 ``v`` rounded to the nearest value of a float8 format (``MANTISSA`` stored bits,
-    smallest normal ``2**MIN_EXP``, largest finite ``MAX``), ties to even, saturated to
-    ``+-MAX``; the sign of zero kept. The conversion to the format is then exact, which
-    makes it the same compiled and interpreted (Triton's interpreter rounds ties away from
-    zero): adding ``2**(e + 23 - MANTISSA)`` to a magnitude of binade ``e`` leaves an fp32
-    whose last place is the format's spacing there, rounded to nearest even by the fp32
-    addition itself; subtracting it again is exact."""
-    bits = v.to(tl.int32, bitcast=True)
-    magnitude = tl.minimum(tl.abs(v), MAX)
-    binade = tl.maximum(((magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, MIN_EXP)
-    magic = ((binade + (23 - MANTISSA + 127)) << 23).to(tl.float32, bitcast=True)
-    rounded = (magnitude + magic) - magic
-    return (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _to_fp8_bits(v, QDTYPE: tl.constexpr):
-    """fp32 ``v`` as the bytes (uint8) of the float8 type ``QDTYPE``: rounded to nearest
-    even, saturated to the finite range (``cvt.rn.satfinite`` on NVIDIA GPUs)."""
-    if QDTYPE == tl.float8e4nv:
-        grid = _fp8_grid(v, 3, -6, 448.0)
-    else:
-        grid = _fp8_grid(v, 2, -14, 57344.0)
-    return grid.to(QDTYPE).to(tl.uint8, bitcast=True)
-
-
-@triton.jit
 def quantize_blocks(xv, QDTYPE: tl.constexpr, BLOCK_H: tl.constexpr):
     """``(bytes, scales)`` of the ``BLOCK_H`` values ``xv`` (masked lanes 0): one fp32 scale
     per block of 128, ``max(amax, floor) / fp8_max``, and the values ``fp8(x / scale)`` as
-    uint8 (both divisions rounded to nearest, as IEEE and torch divide)."""
+    uint8 (both divisions rounded to nearest, as IEEE and torch divide; the conversion
+    :func:`iris.ccl.triton.convert`'s: to nearest even, saturating, the same bits compiled
+    and interpreted)."""
     NB: tl.constexpr = BLOCK_H // _SCALE_BLOCK
     FP8_MAX: tl.constexpr = 448.0 if QDTYPE == tl.float8e4nv else 57344.0
     blocks = tl.reshape(xv.to(tl.float32), [NB, _SCALE_BLOCK])
     amax = tl.maximum(tl.max(tl.abs(blocks), axis=1), _AMAX_FLOOR)
     scale = tl.div_rn(amax, tl.full([NB], FP8_MAX, tl.float32))
     scaled = tl.div_rn(blocks, tl.broadcast_to(scale[:, None], [NB, _SCALE_BLOCK]))
-    return tl.reshape(_to_fp8_bits(scaled, QDTYPE), [BLOCK_H]), scale
+    return tl.reshape(convert(scaled, QDTYPE).to(tl.uint8, bitcast=True), [BLOCK_H]), scale
 
 
 # --------------------------------------------------------------------------- dispatch parts
