@@ -392,3 +392,31 @@ def test_exhausted_heap_tells_the_callers_bytes_from_irises(world_size):
         assert "256 bytes in 1 that libraries keep" in message, message
         # The device barrier's sync state: member table, flags, generations, status words.
         assert "1024 bytes in 4 of the heap's own" in message, message
+
+
+def _close_without_collector_body(rank: int, world_size: int) -> list[int]:
+    """Mappings and descriptors of this process after each init / allocate / close cycle,
+    with the cyclic garbage collector off: close() alone must release the heap."""
+    import gc
+    import os
+
+    gc.disable()
+    seen = []
+    for _ in range(4):
+        heap = iris.mem.init(heap_size=1 << 20)
+        heap.zeros(100)
+        heap.device_barrier()
+        heap.barrier()
+        heap.close()
+        del heap
+        with open("/proc/self/maps") as f:
+            seen.append(len(os.listdir("/proc/self/fd")) + sum(1 for _ in f))
+    return seen
+
+
+@pytest.mark.skipif(BACKEND != "cpu", reason="counts the shared-memory mappings of the cpu backend")
+def test_close_releases_the_mapping_without_the_garbage_collector():
+    """The heap's sync state refers to the heap: close() must break that cycle, or every
+    closed heap keeps its mapping and descriptors until the collector happens to run."""
+    for seen in run_world(_close_without_collector_body, 2, timeout=120):
+        assert seen[-1] <= seen[0], f"mappings + descriptors grew over init/close cycles: {seen}"

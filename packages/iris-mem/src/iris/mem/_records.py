@@ -53,6 +53,11 @@ class Allocation:
 Locate = Callable[[torch.Tensor], tuple[int, int] | None]
 
 
+def _nowhere(tensor: torch.Tensor) -> None:
+    """A closed heap holds no tensor."""
+    return None
+
+
 class AllocationTable:
     """Allocation records of one rank's heap of ``heap_size`` bytes.
 
@@ -77,6 +82,10 @@ class AllocationTable:
         self._unscoped = 0  # depth of heap.unscoped() blocks: their allocations join no scope
 
     # ------------------------------------------------------------------ allocating
+    def forget_heap(self) -> None:
+        """Drop the heap's ``locate`` (a bound method of the heap: a cycle) once it is closed."""
+        self._locate = _nowhere
+
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype, internal: bool = False) -> Allocation:
         """Room for a tensor of ``shape`` and ``dtype``: the caller's next allocation, or
         (``internal``) one of the heap's own, left out of the numbering, of the debug check

@@ -431,9 +431,11 @@ class SymmetricHeap(TensorFactories):
     def check_device_errors(self) -> None:
         """Raise the first error a device-side wait of this heap recorded, and clear it.
 
-        Reads device memory: on GPUs call it after synchronising (``barrier()`` does).
+        Reads device memory: on GPUs call it after synchronising (``barrier()`` does). A
+        closed heap has nothing to report.
         """
-        self._sync.check()
+        if not self._closed:
+            self._sync.check()
 
     def broadcast(self, value: Any, src: int = 0) -> Any:
         """Broadcast a Python object or tensor from rank ``src``; returns it on every rank.
@@ -535,6 +537,12 @@ class SymmetricHeap(TensorFactories):
                 callback()
             except Exception:  # noqa: BLE001 - one library's failure must not keep the heap open
                 _log.exception("heap.on_close callback %r failed", callback)
+        # The heap's own views of its memory go first (the sync state also holds the heap:
+        # a cycle that would keep the mapping until the garbage collector runs), so the
+        # mapping is released now unless the caller still holds tensors on it.
+        self._sync = None
+        self._heap = None
+        self._table.forget_heap()
         self._finalizer()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()

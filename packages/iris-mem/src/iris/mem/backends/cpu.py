@@ -16,6 +16,7 @@ machine by the same user removes segments whose creating process has exited
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import secrets
@@ -227,11 +228,22 @@ class CpuBackend(Backend):
     def close(self) -> None:
         self._unlink()
         self._tensors = []
-        for m in self._maps:
-            try:
-                m.close()
-            except BufferError:
-                # Heap tensors still alive elsewhere keep this mapping; it is released
-                # when the last of them is freed (the segment itself is already unlinked).
-                pass
-        self._maps = []
+        maps, self._maps = self._maps, []
+        if not _close_all(maps):
+            # Triton's interpreter keeps each launch's arguments in reference cycles, which
+            # hold heap tensors (and so the mapping) until the cyclic collector runs.
+            gc.collect()
+            _close_all(maps)
+
+
+def _close_all(maps: list[mmap.mmap]) -> bool:
+    """Unmap every mapping that nothing else holds; whether all were unmapped. A mapping
+    still exported (heap tensors alive elsewhere) is released when the last of them is freed
+    (the segment itself is already unlinked)."""
+    done = True
+    for m in maps:
+        try:
+            m.close()
+        except BufferError:
+            done = False
+    return done
