@@ -24,6 +24,14 @@ from iris.mem.utils import record_timeout, wait_at_least
 pytestmark = [pytest.mark.timeout(300)]
 
 
+def device_barrier(heap):
+    """``heap.device_barrier()`` waited for: the barrier is ordered on the stream (on GPUs the
+    call returns at its launch), so synchronise and raise what its wait recorded."""
+    heap.device_barrier()
+    iris.mem.synchronize(heap.device)
+    heap.check_device_errors()
+
+
 def barrier_loop_body(rank, world_size, victim, how):
     """Device barriers in a loop; at the 4th, rank ``victim`` dies ``how``. The others return
     (error text, seconds from the death to the error)."""
@@ -36,7 +44,7 @@ def barrier_loop_body(rank, world_size, victim, how):
         if i == 3:
             died = time.monotonic()
         try:
-            heap.device_barrier()
+            device_barrier(heap)
         except iris.mem.AbortedError as e:
             seconds = time.monotonic() - died
             # The heap refuses any further use, with the same explanation.
@@ -67,12 +75,12 @@ def test_dead_peer_stops_the_waits_within_seconds(how):
 
 def late_peer_body(rank, world_size, delay):
     heap = iris.mem.init(1 << 16)
-    heap.device_barrier()
+    device_barrier(heap)
     if rank == 1:
         time.sleep(delay)
     started = time.monotonic()
     for _ in range(3):
-        heap.device_barrier()
+        device_barrier(heap)
     waited = time.monotonic() - started
     heap.close()
     return waited
@@ -95,14 +103,14 @@ def abort_body(rank, world_size):
     """Rank 1 never reaches the barrier; rank 0 aborts its heap from another thread while
     its barrier kernel spins."""
     heap = iris.mem.init(1 << 16)
-    heap.device_barrier()
+    device_barrier(heap)
     result = None
     if rank == 0:
         timer = threading.Timer(1.0, heap.abort, args=("the framework gave up",))
         started = time.monotonic()
         timer.start()
         try:
-            heap.device_barrier()
+            device_barrier(heap)
         except iris.mem.AbortedError as e:
             result = (str(e), e.reason, time.monotonic() - started, heap.aborted)
         timer.join()
@@ -201,14 +209,14 @@ def clean_exit_body(rank, world_size):
     """Rank 1's program ends normally while rank 0 waits for it at a barrier it never
     reaches: only that wait stops (the heap stays usable for what needs no rank 1)."""
     heap = iris.mem.init(1 << 16)
-    heap.device_barrier()
+    device_barrier(heap)
     if rank == 1:
         return None
     started = time.monotonic()
     with pytest.raises(
         iris.mem.AbortedError, match="rank 1 of the symmetric heap .* exited: its Python program ended"
     ):
-        heap.device_barrier()
+        device_barrier(heap)
     seconds = time.monotonic() - started
     assert not heap.aborted
     heap.zeros(4)  # local use goes on
