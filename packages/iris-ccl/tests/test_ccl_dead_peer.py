@@ -183,14 +183,15 @@ def uneven_after_all_reduces_body(rank, world_size, victim, how, on_heap):
     ids=["sigkill-auto-plain", "raise-push-heap", "late-auto-plain"],
 )
 def test_uneven_all_to_all_after_small_all_reduces_with_a_dead_or_late_peer(how, on_heap):
-    """Every survivor raises: AbortedError naming the dead rank within 10 s of its death (the
-    watchdog's, well inside the 30 s budget), or for a peer later than IRIS_WAIT_TIMEOUT (2 s
+    """Every survivor raises: AbortedError naming the dead rank within 40 s of its death (the
+    watchdog's, in a third of the 120 s budget: about a second on an idle machine, up to 20 s
+    seen on a loaded 2-core one), or for a peer later than IRIS_WAIT_TIMEOUT (2 s
     here) DeviceWaitTimeout after about one budget; the late rank itself ends too (its data
     arrived, or an error). They spun for ever on the all_reduces' data taken as the dead
     peer's header (1077936128 rounds), or died of SIGSEGV pushing to the offsets in it."""
     victim = WORLD - 1
-    env = {"IRIS_WAIT_TIMEOUT": "2" if how == "late" else "30"}
-    results = launch_world(uneven_after_all_reduces_body, WORLD, victim, how, on_heap, env=env, timeout=60)
+    env = {"IRIS_WAIT_TIMEOUT": "2" if how == "late" else "120"}
+    results = launch_world(uneven_after_all_reduces_body, WORLD, victim, how, on_heap, env=env, timeout=100)
     if how != "late":
         assert results[victim].exitcode != 0
     for r in results:

@@ -436,7 +436,8 @@ def run_nodes(
     codes = [agent.returncode for agent in agents]
     if codes != [0] * nodes:
         raise AssertionError(f"agent exit codes {codes}:\n{text[-6000:]}")
-    seen = {line.split()[-1] for line in text.splitlines() if line.startswith(marker)}
+    # Ranks share the agents' output, so a line may hold the marker of several ranks.
+    seen = set(re.findall(re.escape(marker) + r"\s+(\d+)", text))
     if seen != {str(r) for r in range(nodes * per_node)}:
         raise AssertionError(f"ranks that printed {marker!r}: {sorted(seen)}\n{text[-4000:]}")
     return text
