@@ -280,7 +280,7 @@ def _body_cudagraphs(rank: int, world_size: int) -> list[str]:
         g = torch.ops.iris.all_gather(torch.relu(h), group.group_name)
         return torch.ops.iris.reduce_scatter(g * 2, "sum", group.group_name)
 
-    w = torch.randn(64, 64, device=device(), generator=torch.Generator().manual_seed(0)).to(device())
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).to(device())
     # the first eager call makes iris.ccl's heap and staging before any capture
     problems = []
     fn = torch.compile(step, mode="reduce-overhead", fullgraph=True)

@@ -247,7 +247,7 @@ def bad_inputs(rank, world_size) -> list[str]:
     wrong[1, 1] = 6  # out of range on the last rank only: every rank is told
     _expect(
         bad, "expert id", ValueError, ["out of range", "6"],
-        lambda: iris.ops.moe_dispatch(x, wrong if rank == world_size - 1 else idx, 6),
+        lambda: iris.ops.moe_dispatch(x, wrong if rank == world_size - 1 else idx, 6).check(),
     )  # fmt: skip
     d = iris.ops.moe_dispatch(x, idx, 6)
     _expect(bad, "weights shape", ValueError, ["shape"], lambda: iris.ops.moe_combine(d.tokens, d, w[:, :1]))
@@ -261,7 +261,7 @@ def bad_inputs(rank, world_size) -> list[str]:
     small = iris.ops.MoEConfig(max_recv_rows=3)
     _expect(
         bad, "capacity", RuntimeError, ["max_recv_rows", "rows"],
-        lambda: iris.ops.moe_dispatch(x, idx, 6, config=small),
+        lambda: iris.ops.moe_dispatch(x, idx, 6, config=small).check(),
     )  # fmt: skip
     _expect(bad, "config", TypeError, ["MoEConfig"], lambda: iris.ops.moe_dispatch(x, idx, 6, config=1))
     return bad
@@ -294,7 +294,7 @@ def capacity_growth(rank, world_size) -> list[str]:
         "larger batch",
         RuntimeError,
         ["max_recv_rows"],
-        lambda: iris.ops.moe_dispatch(big, to_zero, experts),
+        lambda: iris.ops.moe_dispatch(big, to_zero, experts).check(),
     )
     need = 12 * world_size
     d = iris.ops.moe_dispatch(big, to_zero, experts, max_recv_rows=need)

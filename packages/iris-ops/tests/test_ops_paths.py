@@ -283,7 +283,7 @@ def graph_body(rank, world_size):
     cfg = iris.ops.Config(path="composed")
     with iris.mem.init(1 << 28) as heap:
         for case, op in enumerate(OPS):
-            shape, extra = (2 * 300 + 2, 2 * 257, 2 * 129), 0
+            shape, extra = (world_size * 301, 2 * 257, 2 * 129), 0  # rows split evenly over the ranks
             a, b, out_shape = _operands(op, *shape, world_size, extra, torch.bfloat16, rank, case)
             bias = rand((shape[1],), torch.bfloat16, seed(0, case, 2))
             out = heap.zeros(out_shape, dtype=torch.bfloat16)

@@ -168,24 +168,28 @@ _MAX_TABLES = 64
 
 
 def split_table(device: torch.device, values: list[int]) -> torch.Tensor:
-    """The int64 tensor of ``values`` on ``device``: made once per distinct ``values``
-    (pinned memory and an asynchronous copy where the device has streams: no host wait,
-    capturable in a CUDA graph)."""
+    """The int64 tensor of ``values`` on ``device``: made once per distinct ``values``. Kept
+    tables are made outside any CUDA graph pool of this thread (:func:`iris.mem.kept_tensor`:
+    a call in the first run of a ``torch.compile(mode="reduce-overhead")`` function would
+    otherwise leave them in its pool); while a CUDA graph is captured, from pinned memory by
+    an asynchronous copy that the graph replays (the graph keeps the table)."""
     key = (device, tuple(values))
+    capturing = iris.mem.capturing(device)
     table = _CAPTURED.get(key)
     if table is None:
         table = _TABLES.pop(key, None)
     if table is None:
-        host = torch.tensor(values, dtype=torch.int64)
-        if iris.mem.capabilities(device).streams:
-            host = host.pin_memory()
+        if capturing:
+            host = torch.tensor(values, dtype=torch.int64).pin_memory()
             table = (torch.empty(len(values), dtype=torch.int64, device=device), host)
             table[0].copy_(host, non_blocking=True)
         else:
-            table = (host.to(device), host)
-    if iris.mem.capturing(device):
+            table = (iris.mem.kept_tensor(values, torch.int64, device), None)
+    if capturing:
         _CAPTURED[key] = table
     elif key not in _CAPTURED:
+        if iris.mem.capabilities(device).streams:  # an evicted table waits for the kernels reading it
+            table[0].record_stream(torch.cuda.current_stream(device))
         _TABLES[key] = table
         while len(_TABLES) > _MAX_TABLES:
             _TABLES.popitem(last=False)

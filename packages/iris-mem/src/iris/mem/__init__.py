@@ -38,6 +38,7 @@ from .machine import (  # noqa: E402
     capabilities,
     capturing,
     default_device,
+    kept_tensor,
     synchronize,
 )
 from .nodes import NodeLayout, node_layout  # noqa: E402
@@ -60,6 +61,7 @@ __all__ = [
     "__version__",
     "capabilities",
     "capturing",
+    "kept_tensor",
     "check_live",
     "debug_enabled",
     "default_device",

@@ -32,7 +32,7 @@ from .backends import Backend, create_backend
 from .bootstrap import Communicator, ensure_initialized, exchange, resolve_group
 from .errors import AbortedError, HeapMismatchError, UseAfterFreeError
 from .log import get_logger
-from .machine import Capabilities, capabilities, capturing
+from .machine import Capabilities, capabilities, capturing, kept_tensor
 from .nodes import node_group
 from .runtime import SyncState, WaitStops, launch
 from .sync import device_barrier_kernel
@@ -95,7 +95,8 @@ class SymmetricHeap(TensorFactories):
         self._base = self._heap.data_ptr()
         self._table = AllocationTable(heap_size, self.rank, self._comm.group, self.debug, self._locate)
         header = [self.rank, self.world_size, heap_size, CONTEXT_FLAG_DEBUG if self.debug else 0]
-        self._context = torch.tensor(header + bases + [0], dtype=torch.int64, device=self.device)
+        # Kept for the heap's life: made outside any CUDA graph pool of this thread.
+        self._context = kept_tensor(header + bases + [0], torch.int64, self.device)
         #: Device tracing of this heap: enable, reset, register, export (see :mod:`iris.mem.tracing`).
         self.tracing = HeapTracing(
             self._comm, self.device, self._context[-1:], self._base, heap_size,

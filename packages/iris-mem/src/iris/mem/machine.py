@@ -7,11 +7,13 @@ iris.ccl and iris.ops never ask which backend or device type they run on: they a
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import dataclasses
 import functools
 import threading
 import warnings
+from collections.abc import Sequence
 
 import torch
 
@@ -237,12 +239,57 @@ def capturing(device: torch.device | str) -> bool:
     return caps.streams and torch.cuda.is_current_stream_capturing()
 
 
+_KEEPER: list[concurrent.futures.ThreadPoolExecutor] = []
+_KEEPER_LOCK = threading.Lock()
+_KEEPER_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _keeper() -> concurrent.futures.ThreadPoolExecutor:
+    with _KEEPER_LOCK:
+        if not _KEEPER:
+            _KEEPER.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="iris-keeper"))
+        return _KEEPER[0]
+
+
+def _make_kept(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    with torch.cuda.device(device):
+        stream = _KEEPER_STREAMS.get(device)
+        if stream is None:
+            stream = _KEEPER_STREAMS[device] = torch.cuda.Stream(device)
+        host = torch.tensor(values, dtype=dtype).pin_memory()
+        with torch.cuda.stream(stream):
+            made = torch.empty(len(values), dtype=dtype, device=device)
+            made.copy_(host, non_blocking=True)
+        stream.synchronize()  # this copy alone: the stream is the keeper's own
+    return made
+
+
+def kept_tensor(values: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A 1-d ``dtype`` tensor of ``values`` on ``device``, ready when returned, for a table
+    that outlives the call (kept by a heap or a cache).
+
+    It is made outside any memory pool that the calling thread's allocations are routed to:
+    ``torch.compile(mode="reduce-overhead")`` runs its first calls with the thread's
+    allocations routed to its CUDA graph pool and refuses a pool holding tensors it does not
+    track, so a table made there by the first call of an op would fail the compiled function.
+    On devices with streams another thread makes it (allocations of other threads are not
+    routed), on a stream of its own; the caller waits for that copy alone. Not while the
+    current stream is being captured (a capture owns what it allocates)."""
+    caps = capabilities(device)
+    if not caps.streams:
+        return torch.tensor(list(values), dtype=dtype, device=caps.device)
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("kept_tensor: the current stream is being captured into a CUDA graph")
+    return _keeper().submit(_make_kept, list(values), dtype, caps.device).result()
+
+
 __all__ = [
     "INTERPRETED_PROGRAMS",
     "Capabilities",
     "SharedGpuWarning",
     "capabilities",
     "capturing",
+    "kept_tensor",
     "default_device",
     "gpu_index",
     "launcher_ranks_on_gpu",
