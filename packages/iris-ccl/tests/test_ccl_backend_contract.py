@@ -157,7 +157,9 @@ def _all_gather_coalesced_body(rank: int, world: int) -> list[str]:
         for r in range(world):
             for j in range(len(inputs)):
                 got, want = results["iris"][r][j], results["gloo"][r][j]
-                bad.append(None if torch.equal(got, want) else f"{dtype} rank {r}'s tensor {j}: {got} != {want}")
+                bad.append(
+                    None if torch.equal(got, want) else f"{dtype} rank {r}'s tensor {j}: {got} != {want}"
+                )
     if counts["all_gather"] < 1:
         bad.append(f"all_gather_coalesced made no iris.ccl call: {dict(counts)}")
     return [b for b in bad if b]
@@ -348,10 +350,14 @@ def _overloads_body(rank: int, world: int) -> dict:
         pg.gather(outs, _data((3,), torch.float32, rank, 6), 0).wait()
         r += outs
         o = torch.empty(3)
-        pg.scatter(o, [_data((3,), torch.float32, 0, 7 + j) for j in range(world)] if rank == 0 else [], 0).wait()
+        pg.scatter(
+            o, [_data((3,), torch.float32, 0, 7 + j) for j in range(world)] if rank == 0 else [], 0
+        ).wait()
         r.append(o)
         o = torch.empty(3)
-        pg.reduce_scatter(o, [_data((3,), torch.float32, rank, 20 + j) for j in range(world)], dist.ReduceOp.SUM).wait()
+        pg.reduce_scatter(
+            o, [_data((3,), torch.float32, rank, 20 + j) for j in range(world)], dist.ReduceOp.SUM
+        ).wait()
         r.append(o)
         pg.barrier().wait()
         results[name] = r
@@ -487,6 +493,32 @@ def test_work_wait_raises_for_a_killed_peer():
     assert found["wait"] in ("AbortedError", "DeviceWaitTimeout"), found
     assert found["exception"] is not None, found
     assert found["seconds"] < 30, found
+
+
+def _wait_timeout_body(rank: int, world: int) -> dict:
+    setup_rank()
+    import iris.mem
+
+    iris_group, _ = _groups()
+    if rank == 1:
+        time.sleep(12)  # never receives
+        return {}
+    work = dist.isend(torch.ones(1 << 18), 1, group=iris_group)  # four mailboxes: waits for rank 1
+    start = time.monotonic()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=2))
+        return {"wait": "returned", "seconds": time.monotonic() - start}
+    except (iris.mem.IrisError, dist.DistBackendError) as e:
+        return {"wait": type(e).__name__, "seconds": time.monotonic() - start}
+
+
+def test_work_wait_honours_its_timeout():
+    """``work.wait(timeout=2 s)`` of an isend whose receiver never comes gives up after about
+    2 s (not the group's 60 s, nor IRIS_WAIT_TIMEOUT's 300 s)."""
+    results = launch_world(_wait_timeout_body, 2, timeout=120.0, env={"IRIS_WATCHDOG": "0"})
+    found = results[0].value
+    assert found is not None, results[0].error
+    assert found["wait"] != "returned" and found["seconds"] < 8, found
 
 
 # --------------------------------------------------------------------------- timeouts and options

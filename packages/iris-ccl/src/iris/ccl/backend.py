@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -44,7 +43,7 @@ from . import _c10d_dispatch, _comm, _gloo, _pg_args, entry, p2p
 from ._pg_args import Reduction
 from .config import Config
 from .reduce_op import ReduceOp
-from .work import Work
+from .work import Work, hidden_from_dynamo
 
 #: The backend's name, as given to ``dist.new_group(backend=...)``.
 BACKEND_NAME = "iris"
@@ -84,6 +83,7 @@ class ProcessGroupOptions:
             raise TypeError(f"config must be an iris.ccl.Config or None, got {type(self.config).__name__}")
 
 
+@hidden_from_dynamo()
 class _BarrierWork(Work):
     """A barrier's handle: ``wait()`` also blocks the host until the device has passed it,
     as torch.distributed's barrier does."""
@@ -95,20 +95,7 @@ class _BarrierWork(Work):
         return True
 
 
-def _hidden_from_dynamo(cls: type) -> type:
-    """Run ``cls``'s torch.distributed methods eagerly under ``torch.compile``: dynamo does
-    not trace into them (DDP's bucket rebuild calls ``broadcast`` from a compiled frame)."""
-    for name, fn in list(vars(cls).items()):
-        if inspect.isfunction(fn) and (not name.startswith("_") or name in _TORCH_PRIVATE):
-            setattr(cls, name, torch.compiler.disable(fn, recursive=True))
-    return cls
-
-
-#: Methods torch.distributed calls by their private names.
-_TORCH_PRIVATE = ("_allgather_base", "_reduce_scatter_base", "_start_coalescing", "_end_coalescing")
-
-
-@_hidden_from_dynamo
+@hidden_from_dynamo("_allgather_base", "_reduce_scatter_base", "_start_coalescing", "_end_coalescing")
 class IrisProcessGroup(dist.ProcessGroup):
     """A torch.distributed process group whose collectives and point-to-point calls run on
     iris.ccl.

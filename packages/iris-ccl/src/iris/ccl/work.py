@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,6 +14,22 @@ import torch.distributed as dist
 import iris.mem
 
 
+def hidden_from_dynamo(*private: str):
+    """Class decorator: run the class's public methods (and the ``private`` ones torch calls)
+    eagerly under ``torch.compile``; dynamo would trace into them from a compiled frame (a
+    DDP model rebuilding its buckets, a handle waited on in compiled code) and fail on the
+    C++ objects they touch."""
+
+    def hide(cls: type) -> type:
+        for name, fn in list(vars(cls).items()):
+            if inspect.isfunction(fn) and (not name.startswith("_") or name in private):
+                setattr(cls, name, torch.compiler.disable(fn, recursive=True))
+        return cls
+
+    return hide
+
+
+@hidden_from_dynamo()
 class Work(dist.Work):
     """Completion handle of a collective queued on the current stream: a
     ``torch.distributed.Work``, so code written for torch.distributed's handles (``wait()``,
