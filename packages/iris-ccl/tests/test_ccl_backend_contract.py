@@ -660,6 +660,37 @@ def test_one_communicator_and_heap_per_group():
         assert found == {"other_paths": 0, "another_group": 1}, found
 
 
+def _two_streams_body(rank: int, world: int) -> list[str]:
+    setup_rank()
+    from ccl_testutils import device
+
+    iris_group, _ = _groups()
+    dev = device()
+    streams = [torch.cuda.Stream(dev), torch.cuda.Stream(dev)]
+    xs = [torch.full((1 << 20,), float(rank + i), device=dev) for i in range(8)]
+    torch.cuda.synchronize(dev)
+    for i, x in enumerate(xs):  # no ordering between the streams but the group's own
+        with torch.cuda.stream(streams[i % 2]):
+            dist.all_reduce(x, group=iris_group)
+    torch.cuda.synchronize(dev)
+    want = [float(sum(r + i for r in range(world))) for i in range(len(xs))]
+    return [
+        f"call {i}: {x[0].item()} != {w}"
+        for i, (x, w) in enumerate(zip(xs, want))
+        if x.min() != x.max() or x[0] != w
+    ]
+
+
+@pytest.mark.gpu
+def test_calls_of_a_group_from_two_streams_run_in_order():
+    """All-reduces of one iris group alternating between two CUDA streams, with no ordering
+    between the streams, all give the right sums (the group orders them, as NCCL does)."""
+    if os.environ.get("IRIS_BACKEND", "cpu") != "cuda" or torch.cuda.device_count() < 2:
+        pytest.skip("needs the cuda backend and 2 GPUs (CUDA streams)")
+    for bad in run_world(_two_streams_body, 2, timeout=300.0):
+        assert not bad, bad
+
+
 # --------------------------------------------------------------------------- profiler
 
 

@@ -11,11 +11,11 @@ Compiled tests use the ``aot_eager`` backend (dynamo and AOTAutograd, no C++ com
 import pytest
 import torch
 import torch.distributed as dist
-from ccl_testutils import setup_rank
+from ccl_testutils import device, require_world, setup_rank
 
 from iris.mem.testing import run_world
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 STEPS = 3
 LR = 0.1
@@ -23,12 +23,12 @@ LR = 0.1
 
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.ReLU(), torch.nn.Linear(24, 6))
+    return torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.ReLU(), torch.nn.Linear(24, 6)).to(device())
 
 
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(5, 12, generator=g), torch.randn(5, 6, generator=g)
+    return torch.randn(5, 12, generator=g).to(device()), torch.randn(5, 6, generator=g).to(device())
 
 
 def _reference(world: int) -> torch.nn.Module:
@@ -77,6 +77,7 @@ def _ddp_body(rank: int, world: int, compiled: bool) -> list[str]:
 def test_compiled_ddp_over_an_iris_group():
     """``torch.compile`` of a DDP model over an iris group compiles (dynamo does not trace
     into the group's methods when DDP rebuilds its buckets) and trains as on one rank."""
+    require_world(2)
     for bad in run_world(_ddp_body, 2, True, timeout=300.0):
         assert not bad, bad
 
@@ -89,7 +90,7 @@ def _fsdp_body(rank: int, world: int, compiled: bool) -> list[str]:
     import iris.ccl  # noqa: F401
 
     group = dist.new_group(backend="iris")
-    mesh = DeviceMesh.from_group(group, "cpu")
+    mesh = DeviceMesh.from_group(group, device().type)
     model = _mlp()
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
@@ -99,14 +100,18 @@ def _fsdp_body(rank: int, world: int, compiled: bool) -> list[str]:
 
 
 def test_fsdp2_training_equals_the_unsharded_model():
-    """FSDP2 ``fully_shard`` over an iris group (3 ranks) trains as the unsharded model."""
-    for bad in run_world(_fsdp_body, 3, False, timeout=300.0):
+    """FSDP2 ``fully_shard`` over an iris group (3 ranks; 2 on GPUs, where FSDP2 issues its
+    all-gathers and reduce-scatters from two streams) trains as the unsharded model."""
+    world = 3 if device().type == "cpu" else 2
+    require_world(world)
+    for bad in run_world(_fsdp_body, world, False, timeout=300.0):
         assert not bad, bad
 
 
 @pytest.mark.full
 def test_compiled_fsdp2_over_an_iris_group():
     """FSDP2 over an iris group under ``torch.compile`` trains as the unsharded model."""
+    require_world(2)
     for bad in run_world(_fsdp_body, 2, True, timeout=500.0):
         assert not bad, bad
 
@@ -119,7 +124,7 @@ def _tp_body(rank: int, world: int, compiled: bool) -> list[str]:
     import iris.ccl  # noqa: F401
 
     group = dist.new_group(backend="iris")
-    mesh = DeviceMesh.from_group(group, "cpu")
+    mesh = DeviceMesh.from_group(group, device().type)
     model = parallelize_module(_mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     # every rank trains on the same (whole) batch: TP splits the model, not the data
     run = torch.compile(model, backend="aot_eager") if compiled else model
@@ -139,5 +144,6 @@ def _tp_body(rank: int, world: int, compiled: bool) -> list[str]:
 def test_compiled_tensor_parallel_over_an_iris_group():
     """Column- then row-parallel linears over an iris group under ``torch.compile`` train as
     the unsplit model."""
+    require_world(2)
     for bad in run_world(_tp_body, 2, True, timeout=500.0):
         assert not bad, bad
