@@ -1,5 +1,5 @@
 """The arguments of a torch.distributed process group's methods, as the ``iris`` backend
-takes them.
+takes them, and the options of an ``iris`` group (:class:`ProcessGroupOptions`).
 
 torch.distributed calls a group's methods with lists of tensors and an options object
 (``AllreduceOptions``, ...); pybind also gives ``ProcessGroup`` convenience forms that
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import _dtypes
+from .config import Config
 from .reduce_op import ReduceOp
 
 _C = torch._C._distributed_c10d
@@ -242,3 +243,57 @@ def with_timeout(opts: Any, timeout: datetime.timedelta) -> Any:
     if getattr(opts, "timeout", None) is not None and opts.timeout.total_seconds() < 0:
         opts.timeout = timeout
     return opts
+
+
+def check_list(size: int, tensors: Sequence[torch.Tensor], like: torch.Tensor, collective: str) -> None:
+    """``tensors`` holds one tensor per rank of a group of ``size``, each with ``like``'s
+    element count and dtype."""
+    if len(tensors) != size:
+        raise ValueError(
+            f"dist.{collective}: pass a list of {size} tensors (one per rank of the group), got "
+            f"{len(tensors)}"
+        )
+    for i, t in enumerate(tensors):
+        if t.numel() != like.numel() or t.dtype != like.dtype:
+            raise ValueError(
+                f"dist.{collective}: tensor {i} of the list has {t.numel()} {t.dtype} elements, but the "
+                f"iris backend needs {like.numel()} {like.dtype} elements in each (tensors of different "
+                "sizes: pad them to one size)"
+            )
+
+
+def unpack(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive chunks of ``flat`` into ``outs``."""
+    start = 0
+    for o in outs:
+        o.copy_(flat[start : start + o.numel()].view(o.shape))
+        start += o.numel()
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProcessGroupOptions:
+    """Options of an ``iris`` group: ``dist.new_group(backend="iris", pg_options=...)`` or
+    ``dist.init_process_group(..., pg_options=...)``.
+
+    Attributes:
+        heap_size: bytes of the group's own symmetric heap (per rank), through which
+            collectives on tensors that are not on a heap spanning the group are staged; its
+            six staging buffers share what is left after 8 MiB. None: six buffers of
+            ``IRIS_CCL_STAGING_BYTES`` (64 MiB each on GPUs, 4 MiB in the interpreter).
+        config: the :class:`~iris.ccl.Config` of the group's collectives. None: picked by
+            size for each call.
+    """
+
+    heap_size: int | None = None
+    config: Config | None = None
+
+    def __post_init__(self) -> None:
+        if self.heap_size is not None and (
+            isinstance(self.heap_size, bool) or not isinstance(self.heap_size, int) or self.heap_size <= 0
+        ):
+            raise ValueError(f"heap_size must be a positive number of bytes or None, got {self.heap_size!r}")
+        if self.config is not None and not isinstance(self.config, Config):
+            raise TypeError(f"config must be an iris.ccl.Config or None, got {type(self.config).__name__}")

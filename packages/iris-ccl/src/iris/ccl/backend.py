@@ -27,7 +27,6 @@ group's timeout, if shorter).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -40,10 +39,9 @@ import iris.mem
 from iris.mem import settings as mem_settings
 
 from . import _c10d_dispatch, _comm, _gloo, _pg_args, entry, p2p
-from ._pg_args import Reduction
-from .config import Config
+from ._pg_args import ProcessGroupOptions, Reduction
 from .reduce_op import ReduceOp
-from .work import Work, hidden_from_dynamo
+from .work import BarrierWork, Work, hidden_from_dynamo
 
 #: The backend's name, as given to ``dist.new_group(backend=...)``.
 BACKEND_NAME = "iris"
@@ -55,44 +53,6 @@ def _ccl():
     """The iris.ccl package, looked up at call time (so wrappers installed on its functions,
     for example by tests counting calls, are seen)."""
     return sys.modules["iris.ccl"]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ProcessGroupOptions:
-    """Options of an ``iris`` group: ``dist.new_group(backend="iris", pg_options=...)`` or
-    ``dist.init_process_group(..., pg_options=...)``.
-
-    Attributes:
-        heap_size: bytes of the group's own symmetric heap (per rank), through which
-            collectives on tensors that are not on a heap spanning the group are staged; its
-            six staging buffers share what is left after 8 MiB. None: six buffers of
-            ``IRIS_CCL_STAGING_BYTES`` (64 MiB each on GPUs, 4 MiB in the interpreter).
-        config: the :class:`~iris.ccl.Config` of the group's collectives. None: picked by
-            size for each call.
-    """
-
-    heap_size: int | None = None
-    config: Config | None = None
-
-    def __post_init__(self) -> None:
-        if self.heap_size is not None and (
-            isinstance(self.heap_size, bool) or not isinstance(self.heap_size, int) or self.heap_size <= 0
-        ):
-            raise ValueError(f"heap_size must be a positive number of bytes or None, got {self.heap_size!r}")
-        if self.config is not None and not isinstance(self.config, Config):
-            raise TypeError(f"config must be an iris.ccl.Config or None, got {type(self.config).__name__}")
-
-
-@hidden_from_dynamo()
-class _BarrierWork(Work):
-    """A barrier's handle: ``wait()`` also blocks the host until the device has passed it,
-    as torch.distributed's barrier does."""
-
-    def wait(self, timeout: Any = None) -> bool:
-        super().wait(timeout)
-        if self._event is not None:
-            self._event.synchronize()
-        return True
 
 
 @hidden_from_dynamo("_allgather_base", "_reduce_scatter_base", "_start_coalescing", "_end_coalescing")
@@ -302,13 +262,13 @@ class IrisProcessGroup(dist.ProcessGroup):
         if not self._on_iris(inputs[0].device):
             return self._host("allgather", outputs, inputs, opts)
         for outs, x in zip(outputs, inputs):
-            self._gather_list(outs, x, "all_gather")
+            _pg_args.check_list(self._iris_size, outs, x, "all_gather")
 
         def call() -> None:
             for outs, x in zip(outputs, inputs):
                 flat = torch.empty(self._iris_size * x.numel(), dtype=x.dtype, device=x.device)
                 self._all_gather(flat, x)
-                self._unpack(flat, outs)
+                _pg_args.unpack(flat, outs)
 
         return self._run(inputs[0].device, [t for outs in outputs for t in outs], call)
 
@@ -371,7 +331,7 @@ class IrisProcessGroup(dist.ProcessGroup):
             return self._host("reduce_scatter", outputs, inputs, opts)
         red = self._reduction(opts, outputs, "reduce_scatter")
         for o, ins in zip(outputs, inputs):
-            self._gather_list(ins, o, "reduce_scatter")
+            _pg_args.check_list(self._iris_size, ins, o, "reduce_scatter")
 
         def call() -> None:
             for o, ins in zip(outputs, inputs):
@@ -450,7 +410,7 @@ class IrisProcessGroup(dist.ProcessGroup):
             rows = ([t.numel() for t in outputs], [t.numel() for t in inputs])
             wired = (_pg_args.wire(out), _pg_args.wire(inp))
             _ccl().all_to_all(*wired, *rows, group=self.host_group, config=self.options.config)
-            self._unpack(out, outputs)
+            _pg_args.unpack(out, outputs)
 
         return self._run(inputs[0].device, outputs, call)
 
@@ -489,7 +449,7 @@ class IrisProcessGroup(dist.ProcessGroup):
         root = self._global(opts.rootRank, "dist.gather")
         is_root = dist.get_rank() == root
         if is_root:
-            self._gather_list(outputs[0], inp, "gather")
+            _pg_args.check_list(self._iris_size, outputs[0], inp, "gather")
 
         def call() -> None:
             flat = (
@@ -500,7 +460,7 @@ class IrisProcessGroup(dist.ProcessGroup):
             wired = _pg_args.wire(flat) if is_root else None
             _ccl().gather(wired, _pg_args.wire(inp), root, group=self.host_group, config=self.options.config)
             if is_root:
-                self._unpack(flat, outputs[0])
+                _pg_args.unpack(flat, outputs[0])
 
         return self._run(inp.device, outputs[0] if is_root else [], call)
 
@@ -512,7 +472,7 @@ class IrisProcessGroup(dist.ProcessGroup):
         root = self._global(opts.rootRank, "dist.scatter")
         is_root = dist.get_rank() == root
         if is_root:
-            self._gather_list(inputs[0], out, "scatter")
+            _pg_args.check_list(self._iris_size, inputs[0], out, "scatter")
 
         def call() -> None:
             flat = torch.cat([_pg_args.flat(t) for t in inputs[0]]) if is_root else None
@@ -571,7 +531,7 @@ class IrisProcessGroup(dist.ProcessGroup):
             device,
             [],
             lambda: _ccl().barrier(group=self.host_group, config=self.options.config),
-            _BarrierWork,
+            BarrierWork,
         )
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
@@ -579,32 +539,6 @@ class IrisProcessGroup(dist.ProcessGroup):
             "dist.monitored_barrier is not supported by the iris backend (it is gloo's); use dist.barrier "
             "on the iris group, or monitored_barrier on its gloo group (IrisProcessGroup.host_group)"
         )
-
-    # ---- helpers -------------------------------------------------------------------------
-
-    def _gather_list(self, tensors: Sequence[torch.Tensor], like: torch.Tensor, collective: str) -> None:
-        """``tensors`` holds one tensor per rank, each with ``like``'s element count and dtype."""
-        size = self._iris_size
-        if len(tensors) != size:
-            raise ValueError(
-                f"dist.{collective}: pass a list of {size} tensors (one per rank of the group), "
-                f"got {len(tensors)}"
-            )
-        for i, t in enumerate(tensors):
-            if t.numel() != like.numel() or t.dtype != like.dtype:
-                raise ValueError(
-                    f"dist.{collective}: tensor {i} of the list has {t.numel()} {t.dtype} elements, but the "
-                    f"iris backend needs {like.numel()} {like.dtype} elements in each (tensors of different "
-                    "sizes: pad them to one size)"
-                )
-
-    @staticmethod
-    def _unpack(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
-        """Copy consecutive chunks of ``flat`` into ``outs``."""
-        start = 0
-        for o in outs:
-            o.copy_(flat[start : start + o.numel()].view(o.shape))
-            start += o.numel()
 
 
 @entry.group_resolver

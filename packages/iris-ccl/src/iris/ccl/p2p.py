@@ -62,13 +62,10 @@ _SEQ, _ACK, _SENT, _RECEIVED = 0, 1, 2, 3
 def _wait_for(flag, target, budget, status, rank, peer):
     """Spin (acquire, system scope) until the local int32 ``*flag >= target``, for at most
     ``budget`` ns; record a timeout naming ``rank`` and ``peer`` and return False if it
-    never does. Once a wait over ``status`` has recorded an error, later ones give up at
-    once: a call waits about ``budget`` in all, not ``budget`` per tile."""
-    ok = False
-    if tl.load(status, volatile=True) == 0:
-        ok = wait_at_least(flag, target, budget, status, peer) >= target
-        if not ok:
-            record_timeout(status, rank, peer, flag)
+    never does (later waits over ``status`` then give up too: see ``keep_waiting``)."""
+    ok = wait_at_least(flag, target, budget, status, peer) >= target
+    if not ok:
+        record_timeout(status, rank, peer, flag)
     return ok
 
 

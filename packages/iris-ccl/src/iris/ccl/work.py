@@ -198,6 +198,18 @@ class Work(dist.Work):
         return self._future
 
 
+@hidden_from_dynamo()
+class BarrierWork(Work):
+    """A barrier's handle: ``wait()`` also blocks the host until the device has passed it,
+    as torch.distributed's barrier does."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        super().wait(timeout)
+        if self._event is not None:
+            self._event.synchronize()
+        return True
+
+
 def _seconds(timeout: Any) -> float | None:
     """Seconds of a ``wait`` timeout: None for none (None, zero or negative, as torch's
     ``kNoTimeout`` and unset timeouts are)."""
