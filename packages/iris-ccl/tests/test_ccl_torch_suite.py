@@ -7,6 +7,9 @@ the tests of features it only knows gloo, NCCL or UCC to have; the others run he
 PyTorch runs them for gloo, with ``BACKEND=iris`` (``torch_suite_runner.py``, in a process of
 its own per world size, since the suite reads its environment when it is imported).
 
+On GPUs (``IRIS_BACKEND=cuda``, the GPU tier) the ranks are spawned and the suite's CUDA cases
+run too, on the GPUs the world has (one per rank).
+
 The default tier runs a representative third of them at world size 3 (:data:`DEFAULT`:
 every collective, point to point with and without tags and profilers, groups, DDP on CPU);
 the ``full`` tier runs all of them at world sizes 2, 3 and 4. A test must pass, or be skipped
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(3600)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(3600)]
 
 RUNNER = Path(__file__).with_name("torch_suite_runner.py")
 
