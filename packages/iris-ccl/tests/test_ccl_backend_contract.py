@@ -160,6 +160,19 @@ def _all_gather_coalesced_body(rank: int, world: int) -> list[str]:
                 bad.append(
                     None if torch.equal(got, want) else f"{dtype} rank {r}'s tensor {j}: {got} != {want}"
                 )
+    # several dtypes in one call of the group's method (torch.distributed's function and
+    # gloo refuse that; each rank knows every rank's inputs)
+    mixed = [((3,), torch.int8), ((2, 2), torch.complex64), ((5,), torch.bool), ((3,), torch.float64)]
+
+    def inputs_of(r: int) -> list[torch.Tensor]:
+        return [_data(shape, torch.float64, r, 50 + i).to(dtype) for i, (shape, dtype) in enumerate(mixed)]
+
+    outs = [[torch.empty_like(x) for x in inputs_of(rank)] for _ in range(world)]
+    iris_group.allgather_coalesced(outs, inputs_of(rank)).wait()
+    for r in range(world):
+        for j, (got, want) in enumerate(zip(outs[r], inputs_of(r))):
+            if not torch.equal(got, want):
+                bad.append(f"mixed dtypes: rank {r}'s tensor {j}: {got} != {want}")
     if counts["all_gather"] < 1:
         bad.append(f"all_gather_coalesced made no iris.ccl call: {dict(counts)}")
     return [b for b in bad if b]
@@ -167,7 +180,8 @@ def _all_gather_coalesced_body(rank: int, world: int) -> list[str]:
 
 def test_all_gather_coalesced_matches_gloo():
     """``dist.all_gather_coalesced`` (a list per rank of tensors of several shapes, one empty;
-    float32, int64 and complex64) equals gloo's and runs on iris.ccl."""
+    float32, int64 and complex64) equals gloo's and runs on iris.ccl; the group's method
+    given several dtypes at once (int8, complex64, bool, float64) gathers them too."""
     for bad in run_world(_all_gather_coalesced_body, 3, timeout=120.0):
         assert not bad, bad
 

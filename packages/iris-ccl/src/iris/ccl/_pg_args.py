@@ -262,6 +262,16 @@ def check_list(size: int, tensors: Sequence[torch.Tensor], like: torch.Tensor, c
             )
 
 
+def from_bytes(out: torch.Tensor, data: torch.Tensor) -> None:
+    """Copy ``data`` (uint8, ``out``'s bytes: see :func:`as_bytes`) into ``out``."""
+    if data.storage_offset() % out.element_size():  # a view in out's dtype must be aligned
+        data = data.clone()
+    if out.is_complex():
+        out.copy_(torch.view_as_complex(data.view(out.real.dtype).view(*out.shape, 2)))
+    else:
+        out.copy_(data.view(out.dtype).view(out.shape))
+
+
 def unpack(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
     """Copy consecutive chunks of ``flat`` into ``outs``."""
     start = 0

@@ -301,7 +301,7 @@ class IrisProcessGroup(dist.ProcessGroup):
                 start = rank * packed.numel()
                 for o in outs:
                     n = o.numel() * o.element_size()
-                    o.copy_(every[start : start + n].view(o.dtype).view(o.shape))
+                    _pg_args.from_bytes(o, every[start : start + n])
                     start += n
 
         return self._run(inputs[0].device, [t for outs in outputs for t in outs], call)
