@@ -165,7 +165,7 @@ class IrisProcessGroup(dist.ProcessGroup):
                 call()
             except iris.mem.IrisError as e:
                 error = e
-        return work(device, outputs, error=error, check=self._device_errors)
+        return work(device, outputs, error=error, check=self._checker(device))
 
     @contextlib.contextmanager
     def _in_order(self, device: torch.device) -> Iterator[None]:
@@ -184,6 +184,11 @@ class IrisProcessGroup(dist.ProcessGroup):
             event = torch.cuda.Event()
             event.record(stream)
             self._last = (stream, event)
+
+    def _checker(self, device: torch.device) -> Callable[[], None] | None:
+        """What a handle calls to learn the device-side errors of its call: on GPUs (where
+        kernels only record them), :meth:`_device_errors`; None where a call raises them."""
+        return self._device_errors if iris.mem.capabilities(device).streams else None
 
     def _device_errors(self) -> None:
         """Raise the first error a kernel of this group recorded on the device."""
@@ -499,7 +504,7 @@ class IrisProcessGroup(dist.ProcessGroup):
         wired = _pg_args.wire(t)
         rank = self._global(peer, f"dist.{kind}")
         p2p._check_peer(kind, wired, rank, self.host_group)
-        work = Work(t.device, [t], pending=self._start_queued, check=self._device_errors)
+        work = Work(t.device, [t], pending=self._start_queued, check=self._checker(t.device))
         self._queued.append((p2p.Transfer(kind, wired, rank), work))
         return work
 
