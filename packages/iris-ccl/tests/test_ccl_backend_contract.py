@@ -239,6 +239,16 @@ def _product_premul_body(rank: int, world: int) -> list[str]:
         dist.reduce(want, 0, group=gloo_group)
         if rank == 0:
             bad.append(_same(red, want, f"reduce PREMUL_SUM({factor})"))
+    # float8: reduced in fp32 and rounded once (iris.ccl's contract), through the backend too
+    from iris.ccl.reduce_op import from_accumulator
+
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        every = [_data((2 * world + 1,), torch.float32, r, 11).to(dtype) for r in range(world)]
+        got = every[rank].clone()
+        dist.all_reduce(got, group=iris_group)
+        want = from_accumulator(sum(t.float() for t in every), dtype)
+        if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+            bad.append(f"all_reduce of {dtype}: {got.float().tolist()} != {want.float().tolist()}")
     if sum(counts.values()) == 0:
         bad.append("no call reached iris.ccl")
     return [b for b in bad if b]
@@ -246,7 +256,8 @@ def _product_premul_body(rank: int, world: int) -> list[str]:
 
 def test_product_and_premul_sum_in_every_reduction():
     """ReduceOp.PRODUCT (floats, bfloat16, int32, float64) and PREMUL_SUM (float and tensor
-    factor) in all_reduce, reduce, reduce_scatter_tensor and reduce_scatter equal gloo's."""
+    factor) in all_reduce, reduce, reduce_scatter_tensor and reduce_scatter equal gloo's;
+    float8 all_reduce through the backend equals iris.ccl's contract (fp32, rounded once)."""
     for bad in run_world(_product_premul_body, 3, timeout=180.0):
         assert not bad, bad
 

@@ -26,10 +26,10 @@ from .reduce_op import ReduceOp
 _C = torch._C._distributed_c10d
 _RED = dist.ReduceOp.RedOpType
 
-#: dtypes iris.ccl's kernels reduce; it reduces the others it accepts through its
-#: conversion path (:mod:`iris.ccl._dtypes`), exactly, in their own dtype.
-REDUCED = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 _FP8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d)
+#: dtypes iris.ccl's kernels reduce (float8 in fp32, rounded once); it reduces the others it
+#: accepts through its conversion path (:mod:`iris.ccl._dtypes`), exactly, in their own dtype.
+REDUCED = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, *_FP8)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -81,17 +81,13 @@ def reduction(op: Any, collective: str) -> Reduction:
 
 def check_reduction(t: torch.Tensor, red: Reduction, collective: str) -> None:
     """Raise, before anything is sent, for a reduction iris.ccl cannot make of ``t``'s
-    dtype (float8, AVG of integers or bools, PREMUL_SUM of non-floats, dtypes it cannot
-    move or reduce), naming the torch.distributed call."""
+    dtype (AVG of integers or bools, PREMUL_SUM of integers or float8, dtypes it cannot move
+    or reduce), naming the torch.distributed call."""
     wire(t)
-    if t.dtype in _FP8:
+    if red.factor is not None and (t.dtype in _FP8 or not (t.dtype.is_floating_point or t.dtype.is_complex)):
         raise TypeError(
-            f"dist.{collective} of {t.dtype}: float8 tensors are moved, not reduced (as with NCCL); "
-            "upcast to bfloat16 or float16 to reduce them"
-        )
-    if red.factor is not None and not (t.dtype.is_floating_point or t.dtype.is_complex):
-        raise TypeError(
-            f"dist.{collective}: ReduceOp.PREMUL_SUM needs a floating-point tensor, got {t.dtype}"
+            f"dist.{collective}: ReduceOp.PREMUL_SUM needs a float16, bfloat16, float32, float64 or "
+            f"complex tensor, got {t.dtype}"
         )
     if red.op is ReduceOp.AVG and not (t.dtype.is_floating_point or t.dtype.is_complex):
         raise ValueError(
