@@ -1,7 +1,8 @@
 """Developer and CI sessions for the Iris monorepo.
 
 Run ``nox -s tests`` for the CPU test suite (Triton interpreter, no GPU needed; the
-exhaustive cases marked ``full`` run in ``nox -s tests_full``),
+exhaustive cases marked ``full`` run in ``nox -s tests_full``; ``nox -s tests_torch_floor``
+runs it on the oldest torch the distributions declare),
 ``nox -s gpu_tests`` on a machine with NVIDIA GPUs, ``nox -s lint``, ``nox -s build``
 and ``nox -s docs``. Sessions use the interpreter nox itself runs under.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -29,7 +31,8 @@ TORCH = "torch==2.13.0"
 TRITON = "triton==3.6.0"
 # hatchling: iris-compat's wheel test builds wheels without build isolation.
 # matplotlib: the trace-render tests of iris-mem
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "hatchling>=1.21", "matplotlib"]
+# expecttest: PyTorch's own process-group test suite (iris-ccl's test_ccl_torch_suite) imports it
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "hatchling>=1.21", "matplotlib", "expecttest"]
 
 # Dependency order of the distributions; packages not listed here sort last, by name.
 KNOWN_ORDER = ["iris-mem", "iris-ccl", "iris-ops", "iris-compat"]
@@ -100,6 +103,29 @@ def tests_full(session: nox.Session) -> None:
     session.install(TORCH, TRITON)
     session.install(TORCH, TRITON, *_package_paths(), *TEST_DEPS)
     _run_pytest(session, "--durations=15", env=_cpu_env(), deadlines="strict")
+
+
+def _torch_floor() -> str:
+    """The oldest torch the distributions declare: the highest of their ``torch>=`` floors."""
+    floors = []
+    for package in PACKAGES:
+        found = re.search(r'"torch>=([0-9.]+)"', (ROOT / "packages" / package / "pyproject.toml").read_text())
+        if found:
+            floors.append(found.group(1))
+    if not floors:
+        raise RuntimeError("no distribution declares a torch floor (torch>=X.Y in its pyproject.toml)")
+    return max(floors, key=lambda v: tuple(int(part) for part in v.split(".")))
+
+
+@nox.session
+def tests_torch_floor(session: nox.Session) -> None:
+    """CPU test suite (default tier) on the oldest torch the distributions declare
+    (``torch>=`` in their pyproject.toml): the floor is a version that is tested."""
+    torch = f"torch=={_torch_floor()}.*"
+    session.install(torch, TRITON)
+    session.install(torch, TRITON, *_package_paths(), *TEST_DEPS)
+    session.run("python", "-c", "import torch; print('torch', torch.__version__)")
+    _run_pytest(session, "-m", "not full", env=_cpu_env())
 
 
 @nox.session

@@ -4,11 +4,16 @@ A collective runs on a :class:`Communicator` bound to one symmetric heap whose r
 exactly the collective's group. When the caller's tensors already live on such a heap they
 are used in place; otherwise the collective runs on a heap of its own for the group (made
 on first use, collectively) and copies the caller's tensors through its staging buffers.
+Send/recv run on a small heap of the group's own too, holding their mailboxes (:func:`p2p`).
+
+The owner of a group may give it :class:`GroupSettings` (:func:`configure`): the size of
+its own heap and how long device-side waits of its kernels poll.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import weakref
 from collections.abc import Iterator, Sequence
@@ -17,11 +22,12 @@ import torch
 import torch.distributed as dist
 
 import iris.mem
-from iris.mem import CallMismatchError, SymmetricHeap, runtime
+from iris.mem import CallMismatchError, DeviceWaitTimeout, SymmetricHeap, runtime
+from iris.mem import settings as mem_settings
 from iris.mem.log import get_logger
 from iris.mem.runtime import MAX_SLOTS, SyncState, exchange, group_ranks
 
-from .settings import p2p_bytes, staging_bytes
+from .settings import MIN_STAGING_BYTES, p2p_bytes, staging_bytes
 
 _log = get_logger(__name__)
 
@@ -35,6 +41,97 @@ ZEROED_STAGING = ("locks", "push", "ll")
 P2P_TILE_BYTES = 16 << 10
 
 
+#: Bytes of iris.ccl's own heap for a group beyond its staging buffers: the sync state (up to
+#: 800.5 KiB over 8 ranks) and small buffers (locks, ll banks).
+OWN_HEAP_EXTRA_BYTES = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSettings:
+    """What the owner of a group sets for its Iris state (:func:`configure`).
+
+    Attributes:
+        heap_bytes: bytes of iris.ccl's own heap for the group; its staging buffers share
+            what is left after :data:`OWN_HEAP_EXTRA_BYTES`. None: six staging buffers of
+            ``IRIS_CCL_STAGING_BYTES``.
+        wait_timeout: seconds a device-side wait of the group's kernels polls before it gives
+            up, unless ``IRIS_WAIT_TIMEOUT`` is set (which wins). None: ``IRIS_WAIT_TIMEOUT``.
+    """
+
+    heap_bytes: int | None = None
+    wait_timeout: float | None = None
+
+    def staging_bytes(self, caps) -> int:
+        """Bytes of each staging buffer of the group's own heap."""
+        if self.heap_bytes is None:
+            return staging_bytes(caps)
+        each = (self.heap_bytes - OWN_HEAP_EXTRA_BYTES) // len(STAGING_NAMES) // 4096 * 4096
+        if each < MIN_STAGING_BYTES:
+            least = OWN_HEAP_EXTRA_BYTES + len(STAGING_NAMES) * MIN_STAGING_BYTES
+            raise ValueError(
+                f"heap_size {self.heap_bytes} is too small for a group's heap; use at least {least} bytes"
+            )
+        return each
+
+    def heap_size(self, caps) -> int:
+        """Bytes of the group's own heap."""
+        if self.heap_bytes is not None:
+            self.staging_bytes(caps)  # checks it is large enough
+            return self.heap_bytes
+        return len(STAGING_NAMES) * staging_bytes(caps) + OWN_HEAP_EXTRA_BYTES
+
+
+#: The settings of groups whose owner gave some, keyed by the group object (weakly).
+_SETTINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def configure(group: dist.ProcessGroup, settings: GroupSettings) -> None:
+    """Give ``group`` its settings; before its first collective (its heap is made then)."""
+    _SETTINGS[group] = settings
+
+
+def settings_of(group: dist.ProcessGroup | None) -> GroupSettings:
+    """The settings of ``group`` (None: the default group): defaults unless configured."""
+    key = dist.group.WORLD if group is None else group
+    return _SETTINGS.get(key, GroupSettings()) if key is not None else GroupSettings()
+
+
+class _GroupSync(SyncState):
+    """A sync state whose kernels wait at most ``wait_timeout`` seconds (when given and
+    ``IRIS_WAIT_TIMEOUT`` is unset); ``limit`` caps it further for a while (a ``Work.wait``
+    with a timeout, see :meth:`Communicator.wait_limit`)."""
+
+    def __init__(self, *args, wait_timeout: float | None = None):
+        super().__init__(*args)
+        self.wait_timeout = wait_timeout
+        self.limit: float | None = None
+
+    def timeout(self) -> float | None:
+        """Seconds a wait polls, when not ``IRIS_WAIT_TIMEOUT``'s; None otherwise."""
+        own = self.wait_timeout if mem_settings.text("IRIS_WAIT_TIMEOUT") is None else None
+        if self.limit is not None:
+            return min(self.limit, own if own is not None else mem_settings.wait_timeout())
+        return own
+
+    def kernel_args(self) -> tuple:
+        args = super().kernel_args()
+        seconds = self.timeout()
+        if seconds is None:
+            return args
+        # the wait budget in ns is the last leading argument (iris.mem.runtime)
+        return (*args[:-1], max(1, round(min(seconds, 4e9) * 1e9)))
+
+    def check(self) -> None:
+        try:
+            super().check()
+        except DeviceWaitTimeout as e:
+            seconds = self.timeout()
+            said = f"IRIS_WAIT_TIMEOUT={mem_settings.wait_timeout():g} s"
+            if seconds is None or said not in str(e):
+                raise
+            raise DeviceWaitTimeout(str(e).replace(said, f"{seconds:g} s (the group's timeout)")) from None
+
+
 def p2p_heap_bytes(group_size: int) -> int:
     """Heap bytes of the send/recv state of a group: mailboxes and counters (with slack)."""
     tiles = p2p_bytes(P2P_TILE_BYTES) // P2P_TILE_BYTES
@@ -44,7 +141,11 @@ def p2p_heap_bytes(group_size: int) -> int:
 class Communicator:
     """Sync state and staging of collectives over ``group`` on ``heap``."""
 
-    def __init__(self, heap: SymmetricHeap, ranks: Sequence[int], owns_heap: bool):
+    def __init__(
+        self, heap: SymmetricHeap, ranks: Sequence[int], owns_heap: bool,
+        settings: GroupSettings | None = None, p2p: bool = False,
+    ):  # fmt: skip
+        settings = settings or GroupSettings()
         self.heap = heap
         self.owns_heap = owns_heap
         self.global_ranks = list(ranks)
@@ -52,29 +153,34 @@ class Communicator:
         self.members = [heap_ranks.index(r) for r in self.global_ranks]
         self.size = len(self.members)
         self.index = self.members.index(heap.rank)
-        self.sync = SyncState(
+        self.sync = _GroupSync(
             heap, self.members, MAX_SLOTS, "a collective",
             "every rank of the group must call the same collectives in the same order with the same sizes "
             "and tensors of the same kind (all on a symmetric heap spanning the group, or none)",
+            wait_timeout=settings.wait_timeout,
         )  # fmt: skip
         self.capabilities = heap.capabilities
+        #: Bytes of each staging buffer (on iris.ccl's own heap: as the group's settings say).
+        caps = self.capabilities
+        self.staging_bytes = settings.staging_bytes(caps) if owns_heap else staging_bytes(caps)
         #: The call signature the kernels launched now publish (see :meth:`signed`).
         self.sig = 0
         self._side_streams: list | None = None
         self._staging: dict[str, torch.Tensor] = {}
-        # send/recv state, on iris.ccl's own heaps only (p2p always runs there): one mailbox
-        # slot per sender, and int32 counters [4 (seq, ack, sent, received), size, tiles].
+        # send/recv state, on a group's send/recv heap only (see p2p.py): one mailbox slot
+        # per sender, and int32 counters [4 (seq, ack, sent, received), size, tiles].
         self.p2p_mailbox = self.p2p_counters = None
-        if owns_heap:
+        if p2p:
             nbytes = p2p_bytes(P2P_TILE_BYTES)
             self.p2p_mailbox = heap.empty(self.size * nbytes, dtype=torch.uint8)
             self.p2p_counters = heap.zeros(4 * self.size * (nbytes // P2P_TILE_BYTES), dtype=torch.int32)
+        elif owns_heap:
             # Buffers whose flags and counters peers write must be zero on every member before
             # any peer writes them: zeroed here, before the barrier that ends the making of
             # the communicator, so that no call needs a host barrier of its own later (made on
             # first use they cost one, in the middle of a call that has none otherwise).
             for name in ZEROED_STAGING:
-                self._staging[name] = heap.zeros(staging_bytes(self.capabilities), dtype=torch.uint8)
+                self._staging[name] = heap.zeros(self.staging_bytes, dtype=torch.uint8)
         heap.barrier()
         _log.debug(
             "communicator for group %s on %s heap (%d bytes, %s)",
@@ -103,7 +209,7 @@ class Communicator:
             raise RuntimeError(f"internal: staging buffer {name!r} is not one of {STAGING_NAMES}")
         buf = self._staging.get(name)
         if buf is None:
-            buf = self.heap.empty(max(nbytes, staging_bytes(self.capabilities)), dtype=torch.uint8)
+            buf = self.heap.empty(max(nbytes, self.staging_bytes), dtype=torch.uint8)
             _log.debug("staging buffer %r: %d bytes, group %s", name, buf.numel(), self.global_ranks)
             if zero:
                 buf.zero_()
@@ -156,12 +262,25 @@ class Communicator:
         """Leading constexprs of every collective kernel."""
         return self.sync.kernel_meta()
 
+    @contextlib.contextmanager
+    def wait_limit(self, seconds: float | None) -> Iterator[None]:
+        """Kernels launched inside give up their device-side waits after at most ``seconds``
+        (None: no change)."""
+        previous = self.sync.limit
+        if seconds is not None:
+            self.sync.limit = seconds if previous is None else min(previous, seconds)
+        try:
+            yield
+        finally:
+            self.sync.limit = previous
+
 
 #: The communicators of each torch.distributed group, keyed by the group object (weakly: the
 #: entry goes with the group; the default group under its current ProcessGroup object):
-#: ``{None: on iris.ccl's own heap, heap: on that heap, in place}``. Never keyed by the member
-#: list: two groups with the same members are independent streams of collectives (torch's
-#: ``dist.new_group([0, 1])`` twice), each with its own sync flags and staging buffers.
+#: ``{None: on iris.ccl's own heap, heap: on that heap, in place, P2P: send/recv's}``. Never
+#: keyed by the member list: two groups with the same members are independent streams of
+#: collectives (torch's ``dist.new_group([0, 1])`` twice), each with its own sync flags and
+#: staging buffers.
 _BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -244,18 +363,44 @@ def own(
     kind: str | None = None,
 ) -> Communicator:
     """The communicator on iris.ccl's own heap for ``group`` (made on first use, collectively;
-    ``IRIS_CCL_STAGING_BYTES`` sizes its staging buffers). ``kind``: what the call that makes
-    it runs on, which the ranks agree on first (:func:`_agree`; default :data:`STAGED`: the
-    caller's tensors are copied through this heap)."""
+    the group's :class:`GroupSettings`, else ``IRIS_CCL_STAGING_BYTES``, size it). ``kind``:
+    what the call that makes it runs on, which the ranks agree on first (:func:`_agree`;
+    default :data:`STAGED`: the caller's tensors are copied through this heap)."""
     ranks = group_ranks(group)  # validates group
     table = _communicators(group)
     comm = table.get(None)
     if comm is None or comm.heap.closed:
         caps = iris.mem.capabilities(device)
-        size = len(STAGING_NAMES) * staging_bytes(caps) + (8 << 20) + p2p_heap_bytes(len(ranks))
+        settings = settings_of(group)
+        size = settings.heap_size(caps)
         _agree(group, collective, kind or STAGED)
         heap = iris.mem.init(size, backend=caps.backend, group=group)
-        comm = table[None] = Communicator(heap, ranks, owns_heap=True)
+        comm = table[None] = Communicator(heap, ranks, owns_heap=True, settings=settings)
+        # send/recv's heap too, if the group has none: a later send/recv between two of its
+        # ranks need not wait for the others
+        p2p(group, device)
+    return comm
+
+
+#: The key of a group's send/recv communicator in its table.
+P2P = "p2p"
+
+
+def p2p(group: dist.ProcessGroup | None, device: torch.device) -> Communicator:
+    """The communicator of send/recv over ``group``: on a small heap of its own holding one
+    mailbox per sender (``IRIS_CCL_P2P_BYTES``) on every rank. Made on first use,
+    collectively (the ``iris`` backend makes it when it makes a group; :func:`own` when it
+    makes the group's own heap)."""
+    ranks = group_ranks(group)
+    table = _communicators(group)
+    comm = table.get(P2P)
+    if comm is None or comm.heap.closed:
+        caps = iris.mem.capabilities(device)
+        size = p2p_heap_bytes(len(ranks)) + SyncState.heap_bytes(len(ranks), MAX_SLOTS) + (1 << 20)
+        heap = iris.mem.init(size, backend=caps.backend, group=group)
+        # the group's device-wait budget; the size is the mailboxes'
+        settings = GroupSettings(wait_timeout=settings_of(group).wait_timeout)
+        comm = table[P2P] = Communicator(heap, ranks, owns_heap=True, settings=settings, p2p=True)
     return comm
 
 

@@ -13,8 +13,8 @@ public collective applies before anything else happens:
   an all_to_all (a gather for reduce) moves every rank's chunk of the data to the rank
   that reduces it, which reduces it locally in the tensor's own dtype (float64 stays
   float64, int8 wraps around as with NCCL, bools reduce as logic: SUM and MAX are OR, MIN
-  is AND), and an all_gather returns the result to every rank. The ``config`` of such a
-  call is checked but not used (the inner collectives pick theirs by size);
+  and PRODUCT are AND), and an all_gather returns the result to every rank. The ``config``
+  of such a call is checked but not used (the inner collectives pick theirs by size);
 * **complex** tensors run as their real view (``torch.view_as_real``): moved, and reduced
   with SUM or AVG (MAX and MIN are not defined for them, as in torch.distributed).
 
@@ -155,11 +155,13 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def _reduce_local(stack: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     """Reduce ``stack`` (one row per rank, in rank order) over its rows in its own dtype."""
     if stack.dtype == torch.bool:
-        return stack.all(0) if op is ReduceOp.MIN else stack.any(0)
+        return stack.all(0) if op in (ReduceOp.MIN, ReduceOp.PRODUCT) else stack.any(0)
     if op is ReduceOp.MAX:
         return stack.amax(0)
     if op is ReduceOp.MIN:
         return stack.amin(0)
+    if op is ReduceOp.PRODUCT:
+        return stack.prod(0, dtype=stack.dtype)
     if op is ReduceOp.AVG:
         return stack.sum(0) / stack.shape[0]
     return stack.sum(0, dtype=stack.dtype)

@@ -17,7 +17,7 @@ from iris.mem.log import get_logger
 from . import _comm, variants
 from .config import Config, check_config, select
 from .reduce_op import ReduceOp, check_dtype, check_op
-from .settings import pdl_enabled, staging_bytes
+from .settings import pdl_enabled
 from .work import Work
 
 _log = get_logger(__name__)
@@ -274,7 +274,7 @@ def max_elements(cfg: Config, itemsize: int, staged: bool, comm: _comm.Communica
     if cfg.chunk_elements:
         limit = min(limit, cfg.chunk_elements)
     if staged:
-        limit = min(limit, staging_bytes(comm.capabilities) // itemsize)
+        limit = min(limit, comm.staging_bytes // itemsize)
     return max(limit, 1)
 
 

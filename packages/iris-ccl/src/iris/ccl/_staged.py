@@ -56,6 +56,7 @@ _TORCH_OP = {
     ReduceOp.SUM: dist.ReduceOp.SUM,
     ReduceOp.MAX: dist.ReduceOp.MAX,
     ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
 }
 #: Elements per pipelined piece of a uniform all_reduce.
 PIECE_ELEMENTS = 1 << 22

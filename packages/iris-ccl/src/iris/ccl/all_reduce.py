@@ -331,7 +331,7 @@ def all_reduce(
         the same memory). An ``out`` that overlaps ``inp`` only in part is allowed too: the
         input is copied first (through iris.ccl's own heap).
     :param inp: this rank's contribution; any shape, contiguous or not.
-    :param op: SUM, AVG (floating types), MAX or MIN.
+    :param op: SUM, AVG (floating types), MAX, MIN or PRODUCT.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
     :param config: a :class:`Config`; None picks by size.

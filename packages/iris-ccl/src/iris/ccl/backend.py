@@ -5,44 +5,48 @@ and DTensor running on iris.ccl.
 ``cuda`` devices, so ``dist.new_group(ranks, backend="iris")`` and
 ``dist.init_process_group("cpu:gloo,cuda:iris")`` make groups whose collectives
 (``dist.all_reduce``, ``all_gather``, ``reduce_scatter_tensor``, ``all_to_all_single``, ...)
-run on iris.ccl, synchronously or with ``async_op=True``. Such a group is an
-:class:`IrisProcessGroup`; it has a name, so functional collectives
-(``torch.distributed._functional_collectives``), ``torch.compile`` over them, and DTensor on a
-``DeviceMesh`` of the group reach it too.
+and point-to-point calls run on iris.ccl, synchronously or with ``async_op=True``. Such a
+group is an :class:`IrisProcessGroup`; it has a name, so functional collectives
+(``torch.distributed._functional_collectives``), ``torch.compile`` over them, and DTensor on
+a ``DeviceMesh`` of the group reach it too, as do C++ callers (DDP's reducer, the
+``torch.ops._c10d_functional`` and ``torch.ops.c10d`` ops: :mod:`iris.ccl._c10d_dispatch`).
 
 Which tensors run on Iris: those on Iris's device (:func:`iris.mem.default_device`: the GPU,
 or the CPU under the ``cpu`` backend) when the group's backend for that device type is
 ``iris``. Other tensors (CPU tensors of a GPU job, for example those of
 ``dist.all_gather_object``), and every device a ``"cpu:gloo,cuda:iris"`` group maps to
 gloo, go through the group's gloo group (:attr:`IrisProcessGroup.host_group`).
+
+Options: ``pg_options=ProcessGroupOptions(heap_size=..., config=...)`` sizes the group's heap
+and sets the default :class:`~iris.ccl.Config` of its collectives. The group's ``timeout``
+bounds its device-side waits (unless ``IRIS_WAIT_TIMEOUT`` is set) and its calls on CPU
+tensors; Iris's own host exchanges over the group give up after ``IRIS_HOST_TIMEOUT`` (or the
+group's timeout, if shorter).
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
 import iris.mem
-from iris.mem import settings as _mem_settings
+from iris.mem import settings as mem_settings
 
-from . import _comm, _dtypes
+from . import _c10d_dispatch, _comm, _gloo, _pg_args, entry, p2p
+from ._pg_args import ProcessGroupOptions, Reduction
 from .reduce_op import ReduceOp
-from .work import Work
+from .work import BarrierWork, Work, hidden_from_dynamo
 
 #: The backend's name, as given to ``dist.new_group(backend=...)``.
 BACKEND_NAME = "iris"
 
-#: dtypes iris.ccl's kernels reduce; iris.ccl reduces the others it accepts through its
-#: conversion path (:mod:`iris.ccl._dtypes`), exactly, in their own dtype.
-_REDUCED = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-_FP8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d)
-
-_SUPPORTED_OPS = ("SUM", "AVG", "MAX", "MIN")
+_C = torch._C._distributed_c10d
 
 
 def _ccl():
@@ -51,103 +55,36 @@ def _ccl():
     return sys.modules["iris.ccl"]
 
 
-def _wire(t: torch.Tensor) -> torch.Tensor:
-    """``t`` when iris.ccl moves its dtype, else a view of it (same shape and strides) in
-    the carrier dtype of its item size."""
-    if t.layout != torch.strided:
-        raise NotImplementedError(
-            f"the iris backend moves dense tensors only, got a tensor of layout {t.layout}; use a gloo "
-            "group for sparse tensors"
-        )
-    if t.dtype.itemsize not in (1, 2, 4, 8) or t.is_complex():
-        raise TypeError(
-            f"the iris backend cannot move tensors of dtype {t.dtype}; use a dtype of 1, 2, 4 or 8 bytes "
-            "(complex tensors through torch.view_as_real)"
-        )
-    return _dtypes.wire(t)
-
-
-def _op_name(op: Any, collective: str) -> str:
-    """The iris.ccl reduction of a torch.distributed ``ReduceOp``, or a ValueError naming the
-    operation and what to use."""
-    kind = getattr(op, "op", op)
-    name = getattr(kind, "name", None) or str(kind).rsplit(".", 1)[-1]
-    name = name.upper()
-    if name in _SUPPORTED_OPS:
-        return name
-    hint = {
-        "PREMUL_SUM": "scale the tensor first, then use ReduceOp.SUM",
-        "PRODUCT": "use a gloo or nccl group for ReduceOp.PRODUCT",
-    }.get(name, f"use a gloo or nccl group for ReduceOp.{name}")
-    raise ValueError(
-        f"dist.{collective} with ReduceOp.{name} is not supported by the iris backend (iris.ccl reduces "
-        f"with SUM, AVG, MAX and MIN); {hint}"
-    )
-
-
-def _check_reduction(t: torch.Tensor, op: str, collective: str) -> None:
-    """Raise, before anything is sent, for a reduction iris.ccl cannot make of a dtype its
-    kernels do not reduce (float8, AVG of integers or bools, dtypes it cannot move or
-    reduce), naming the torch.distributed call."""
-    _wire(t)
-    if t.dtype in _FP8:
-        raise TypeError(
-            f"dist.{collective} of {t.dtype}: float8 tensors are moved, not reduced (as with NCCL); "
-            "upcast to bfloat16 or float16 to reduce them"
-        )
-    if op == "AVG" and not t.dtype.is_floating_point:
-        raise ValueError(
-            f"dist.{collective}: ReduceOp.AVG needs a floating-point dtype, got {t.dtype}; use SUM and divide"
-        )
-    if t.dtype not in _REDUCED:
-        try:
-            _dtypes.check_reduction(_iris_op(op), t.dtype, f"dist.{collective}")
-        except TypeError as e:
-            raise TypeError(f"{e}; or use a gloo group") from None
-
-
-def _iris_op(op: str):
-    return ReduceOp.parse(op)
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """A flat view of ``t``, or a flat copy when it is not contiguous."""
-    return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)
-
-
-class _IrisWork(Work):
-    """The ``torch.distributed.Work`` of a collective of an :class:`IrisProcessGroup`: an
-    :class:`iris.ccl.Work` (``wait()`` orders the current stream after the collective,
-    ``get_future()`` is completed with the output tensors) whose ``wait()`` also blocks the
-    host for a barrier (``blocking``)."""
-
-    def __init__(self, result: list[torch.Tensor], device: torch.device, blocking: bool = False):
-        super().__init__(device, result)
-        self._blocking = blocking
-
-    def wait(self, timeout: Any = None) -> bool:
-        super().wait(timeout)
-        if self._blocking and self._event is not None:
-            self._event.synchronize()
-        return True
-
-
+@hidden_from_dynamo("_allgather_base", "_reduce_scatter_base", "_start_coalescing", "_end_coalescing")
 class IrisProcessGroup(dist.ProcessGroup):
-    """A torch.distributed process group whose collectives run on iris.ccl.
+    """A torch.distributed process group whose collectives and point-to-point calls run on
+    iris.ccl.
 
     Made by torch.distributed for ``backend="iris"`` (never directly): use it as the
-    ``group`` of ``torch.distributed`` calls, of functional collectives, or as the group of a
-    ``DeviceMesh``. Ranks passed to and returned by it are group ranks, as for every process
-    group.
+    ``group`` of ``torch.distributed`` calls, of functional collectives, of iris.ccl's and
+    iris.ops' functions, or as the group of a ``DeviceMesh``. Ranks passed to and returned
+    by it are group ranks, as for every process group.
 
-    Every group has a gloo group over the same ranks, :attr:`host_group`: iris.ccl's
-    host-side work for this group (making its heap, host barriers, the argument checks of
+    Every group has one gloo group over the same ranks, :attr:`host_group`: iris.ccl's
+    host-side work for this group (making its heaps, host barriers, the argument checks of
     ``IRIS_DEBUG``) runs there, and so do the calls whose tensors are not on Iris's device.
-    iris.ccl's communicators (sync flags, staging buffers, heap) for the group are those of
-    :attr:`host_group`: one set per iris group.
+    iris.ccl keeps one communicator and heap for the group however it is called.
+
+    Point-to-point: ``isend`` / ``irecv`` are queued and start together, when one of their
+    handles is waited on (or its future asked for), at the next blocking ``send``/``recv`` or
+    collective of the group, or at the end of a ``batch_isend_irecv`` or coalescing block;
+    sends and receives started together complete whatever their sizes and pattern
+    (:func:`iris.ccl.p2p.exchange`). Tags are accepted; messages between two ranks are
+    matched in call order, as NCCL does. A receive from any source is refused (as by NCCL).
+
+    Streams: on GPUs, the group's calls from different streams run one after another in
+    call order (each waits for the group's previous call), as NCCL's communicator does.
     """
 
-    def __init__(self, rank: int, size: int, global_ranks: Sequence[int], host_group: dist.ProcessGroup):
+    def __init__(
+        self, rank: int, size: int, global_ranks: Sequence[int], host_group: dist.ProcessGroup,
+        timeout: datetime.timedelta, options: ProcessGroupOptions,
+    ):  # fmt: skip
         super().__init__(rank, size)
         self._iris_rank = rank
         self._iris_size = size
@@ -156,7 +93,12 @@ class IrisProcessGroup(dist.ProcessGroup):
         #: The gloo group over the same ranks (a regular torch.distributed group): iris.ccl's
         #: host-side work for this group, and the calls whose tensors are not on Iris's device.
         self.host_group: dist.ProcessGroup = host_group
+        #: The group's options (``pg_options``).
+        self.options = options
+        self._timeout = timeout
         self._routes: dict[str, str] | None = None
+        self._queued: list[tuple[p2p.Transfer, Work]] = []
+        self._last: tuple[Any, Any] | None = None  # (stream, event) of the group's last GPU call
 
     # ---- identity ------------------------------------------------------------------------
 
@@ -165,6 +107,12 @@ class IrisProcessGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"IrisProcessGroup(rank={self._iris_rank}, size={self._iris_size}, ranks={self.global_ranks})"
+
+    @property
+    def heap(self) -> iris.mem.SymmetricHeap | None:
+        """The group's own heap (once a collective staged through it), else None."""
+        comm = _comm._communicators(self.host_group).get(None)
+        return comm.heap if comm is not None else None
 
     # ---- routing -------------------------------------------------------------------------
 
@@ -175,7 +123,7 @@ class IrisProcessGroup(dist.ProcessGroup):
             try:
                 config = str(dist.get_backend_config(self))
             except (RuntimeError, ValueError, KeyError):
-                config = ""
+                return BACKEND_NAME  # not registered yet (being made)
             for part in config.split(","):
                 device, _, name = part.partition(":")
                 if name:
@@ -186,134 +134,236 @@ class IrisProcessGroup(dist.ProcessGroup):
     def _on_iris(self, device: torch.device) -> bool:
         """Whether tensors on ``device`` run on iris.ccl (else on :attr:`host_group`)."""
         return (
-            device.type == _mem_settings.default_backend() and self._backend_for(device.type) == BACKEND_NAME
+            device.type == mem_settings.default_backend() and self._backend_for(device.type) == BACKEND_NAME
         )
 
     def _host(self, method: str, *args: Any) -> Any:
-        """Run ``method`` of :attr:`host_group` (the same C++ call, on gloo)."""
-        return getattr(self.host_group, method)(*args)
+        """Run ``method`` of :attr:`host_group` (the same C++ call, on gloo), with this
+        group's timeout where the options leave it unset."""
+        self._start_queued()
+        *rest, opts = args
+        return getattr(self.host_group, method)(*rest, _pg_args.with_timeout(opts, self._timeout))
 
     def _global(self, group_rank: int, what: str) -> int:
         if not 0 <= group_rank < self._iris_size:
             raise ValueError(f"{what}: group rank {group_rank} is not in a group of {self._iris_size} ranks")
         return self.global_ranks[group_rank]
 
-    def _work(self, result: list[torch.Tensor], device: torch.device, blocking: bool = False) -> _IrisWork:
-        return _IrisWork(result, device, blocking)
+    # ---- running calls -------------------------------------------------------------------
 
-    # ---- building blocks on iris.ccl -----------------------------------------------------
+    def _run(
+        self, device: torch.device, outputs: Sequence[torch.Tensor], call: Callable[[], None],
+        work: type[Work] = Work,
+    ) -> Work:  # fmt: skip
+        """Run ``call`` (the iris.ccl calls of one torch.distributed call) after the queued
+        point-to-point calls, ordered after the group's previous call on any stream; an
+        error the device reported (a timeout, a mismatch, an abort) becomes the Work's."""
+        self._start_queued()
+        error = None
+        with self._in_order(device):
+            try:
+                call()
+            except iris.mem.IrisError as e:
+                error = e
+        return work(device, outputs, error=error, check=self._checker(device))
 
-    def _all_reduce(self, t: torch.Tensor, op: str) -> None:
-        # dtypes the kernels do not reduce: iris.ccl's conversion path (exact, in the dtype)
-        if t.dtype not in _REDUCED:
-            _check_reduction(t, op, "all_reduce")
-        _ccl().all_reduce(t, t, op=op, group=self.host_group)
+    @contextlib.contextmanager
+    def _in_order(self, device: torch.device) -> Iterator[None]:
+        """On GPUs: the work queued inside waits for the group's previous call when that was
+        queued on another stream (iris.ccl's state of a group serves one call at a time)."""
+        caps = iris.mem.capabilities(device)
+        if not caps.streams:
+            yield
+            return
+        stream = torch.cuda.current_stream(caps.device)
+        if self._last is not None and self._last[0] != stream:
+            stream.wait_event(self._last[1])
+        try:
+            yield
+        finally:
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._last = (stream, event)
 
-    def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
-        if inp.dtype not in _REDUCED:
-            _check_reduction(inp, op, "reduce_scatter")
-            size, m = self._iris_size, out.numel()
-            if inp.numel() != size * m or out.dtype != inp.dtype:
-                raise ValueError(
-                    f"dist.reduce_scatter: the input holds {inp.numel()} {inp.dtype} elements, expected "
-                    f"{size} x {m} {out.dtype} (the group size times the output's)"
-                )
-        _ccl().reduce_scatter(out, inp, op=op, group=self.host_group)
+    def _checker(self, device: torch.device) -> Callable[[], None] | None:
+        """What a handle calls to learn the device-side errors of its call: on GPUs (where
+        kernels only record them), :meth:`_device_errors`; None where a call raises them."""
+        return self._device_errors if iris.mem.capabilities(device).streams else None
+
+    def _device_errors(self) -> None:
+        """Raise the first error a kernel of this group recorded on the device."""
+        for comm in list(_comm._communicators(self.host_group).values()):
+            if not comm.heap.closed:
+                comm.check()
+
+    def _start_queued(self, timeout: float | None = None) -> None:
+        """Start the queued isend/irecv calls, together (see the class)."""
+        if not self._queued:
+            return
+        batch, self._queued = self._queued, []
+        device = batch[0][0].tensor.device
+        error: BaseException | None = None
+        try:
+            with self._in_order(device):
+                p2p.exchange([t for t, _ in batch], self.host_group, self.options.config, timeout)
+        except iris.mem.IrisError as e:
+            error = e
+        except BaseException as e:
+            for _, work in batch:
+                work.finish(e)
+            raise
+        for _, work in batch:
+            work.finish(error)
+
+    # ---- reductions ----------------------------------------------------------------------
+
+    def _reduction(self, opts: Any, tensors: Sequence[torch.Tensor], collective: str) -> Reduction:
+        red = _pg_args.reduction(opts.reduceOp, collective)
+        for t in tensors:
+            if t.dtype not in _pg_args.REDUCED or red.factor is not None or red.op is not ReduceOp.SUM:
+                _pg_args.check_reduction(t, red, collective)
+        return red
+
+    def _all_reduce(self, t: torch.Tensor, red: Reduction) -> None:
+        if red.factor is not None:  # PREMUL_SUM: t is both input and output
+            t.copy_(red.scaled(t))
+        _ccl().all_reduce(t, t, op=red.op, group=self.host_group, config=self.options.config)
+
+    def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> None:
+        size, m = self._iris_size, out.numel()
+        if inp.numel() != size * m or out.dtype != inp.dtype:
+            raise ValueError(
+                f"dist.reduce_scatter: the input holds {inp.numel()} {inp.dtype} elements, expected "
+                f"{size} x {m} {out.dtype} (the group size times the output's)"
+            )
+        _ccl().reduce_scatter(
+            out, red.scaled(inp), op=red.op, group=self.host_group, config=self.options.config
+        )
 
     def _all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        _ccl().all_gather(_wire(out), _wire(inp), group=self.host_group)
+        _ccl().all_gather(
+            _pg_args.wire(out), _pg_args.wire(inp), group=self.host_group, config=self.options.config
+        )
 
     # ---- collectives (the methods torch.distributed calls) -------------------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+    def allreduce(self, tensors, opts=None, timeout=None) -> dist.Work:
+        tensors, opts = _pg_args.allreduce(tensors, opts, timeout)
         if not self._on_iris(tensors[0].device):
-            return self._host("allreduce", tensors, opts or dist.AllreduceOptions())
-        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "all_reduce")
-        for t in tensors:
-            self._all_reduce(t, op)
-        return self._work(list(tensors), tensors[0].device)
+            return self._host("allreduce", tensors, opts)
+        red = self._reduction(opts, tensors, "all_reduce")
+        return self._run(tensors[0].device, tensors, lambda: [self._all_reduce(t, red) for t in tensors])
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+    def allreduce_coalesced(self, tensors, opts=None) -> dist.Work:
+        tensors = list(tensors)
+        opts = _pg_args.options(opts, _C.AllreduceCoalescedOptions)
         if not tensors or not self._on_iris(tensors[0].device):
-            return self._host("allreduce_coalesced", tensors, opts or dist.AllreduceCoalescedOptions())
-        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "all_reduce")
-        for t in tensors:
-            self._all_reduce(t, op)
-        return self._work(list(tensors), tensors[0].device)
+            return self._host("allreduce_coalesced", tensors, opts)
+        red = self._reduction(opts, tensors, "all_reduce_coalesced")
+        return self._run(tensors[0].device, tensors, lambda: [self._all_reduce(t, red) for t in tensors])
 
-    def allgather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
-    ):
-        inp = input_tensors[0]
-        if not self._on_iris(inp.device):
-            return self._host("allgather", output_tensors, input_tensors, opts or dist.AllgatherOptions())
-        for outs, x in zip(output_tensors, input_tensors):
-            self._gather_list(outs, x, "all_gather")
-            flat = torch.empty(self._iris_size * x.numel(), dtype=x.dtype, device=x.device)
-            self._all_gather(flat, x)
-            self._unpack(flat, outs)
-        return self._work([t for outs in output_tensors for t in outs], inp.device)
+    def allgather(self, output_tensors, input_tensors, opts=None) -> dist.Work:
+        outputs, inputs, opts = _pg_args.allgather(output_tensors, input_tensors, opts)
+        if not self._on_iris(inputs[0].device):
+            return self._host("allgather", outputs, inputs, opts)
+        for outs, x in zip(outputs, inputs):
+            _pg_args.check_list(self._iris_size, outs, x, "all_gather")
 
-    def allgather_coalesced(
-        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts=None
-    ):
-        if not input_list or not self._on_iris(input_list[0].device):
-            return self._host(
-                "allgather_coalesced", output_lists, input_list, opts or dist.AllgatherOptions()
+        def call() -> None:
+            for outs, x in zip(outputs, inputs):
+                flat = torch.empty(self._iris_size * x.numel(), dtype=x.dtype, device=x.device)
+                self._all_gather(flat, x)
+                _pg_args.unpack(flat, outs)
+
+        return self._run(inputs[0].device, [t for outs in outputs for t in outs], call)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None) -> dist.Work:
+        """Every rank's ``input_list`` into ``output_lists[rank]`` (tensors of any shapes and
+        dtypes, the same on every rank): one all_gather of their bytes."""
+        outputs, inputs = [list(o) for o in output_lists], list(input_list)
+        opts = _pg_args.options(opts, _C.AllgatherOptions)
+        if not inputs or not self._on_iris(inputs[0].device):
+            return self._host("allgather_coalesced", outputs, inputs, opts)
+        if len(outputs) != self._iris_size or any(len(o) != len(inputs) for o in outputs):
+            raise ValueError(
+                f"dist.all_gather_coalesced: pass {self._iris_size} output lists (one per rank of the "
+                f"group) of {len(inputs)} tensors each (one per input), got {[len(o) for o in outputs]}"
             )
-        return self.allgather(output_lists, input_list, opts)
+        for outs in outputs:
+            for o, x in zip(outs, inputs):
+                if o.numel() != x.numel() or o.dtype != x.dtype:
+                    raise ValueError(
+                        f"dist.all_gather_coalesced: an output of {o.numel()} {o.dtype} elements for an "
+                        f"input of {x.numel()} {x.dtype} elements; each output must match its input"
+                    )
 
-    def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> dist.Work:
+        def call() -> None:
+            packed = torch.cat([_pg_args.as_bytes(x) for x in inputs])
+            every = torch.empty(self._iris_size * packed.numel(), dtype=torch.uint8, device=packed.device)
+            if packed.numel():
+                self._all_gather(every, packed)
+            for rank, outs in enumerate(outputs):
+                start = rank * packed.numel()
+                for o in outs:
+                    n = o.numel() * o.element_size()
+                    _pg_args.from_bytes(o, every[start : start + n])
+                    start += n
+
+        return self._run(inputs[0].device, [t for outs in outputs for t in outs], call)
+
+    def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts=None) -> dist.Work:
+        opts = _pg_args.options(opts, _C.AllgatherOptions)
         if not self._on_iris(inp.device):
-            return self._host("all_gather_single", output, inp, opts or dist.AllgatherOptions())
-        self._all_gather(output, inp)
-        return self._work([output], inp.device)
+            return self._host("all_gather_single", output, inp, opts)
+        return self._run(inp.device, [output], lambda: self._all_gather(output, inp))
 
     _allgather_base = all_gather_single
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None):
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> dist.Work:
+        outputs, inputs = list(outputs), list(inputs)
+        opts = _pg_args.options(opts, _C.AllgatherOptions)
         if not inputs or not self._on_iris(inputs[0].device):
-            return self._host("all_gather_single_coalesced", outputs, inputs, opts or dist.AllgatherOptions())
-        for out, x in zip(outputs, inputs):
-            self._all_gather(out, x)
-        return self._work(list(outputs), inputs[0].device)
+            return self._host("all_gather_single_coalesced", outputs, inputs, opts)
+        return self._run(
+            inputs[0].device, outputs, lambda: [self._all_gather(o, x) for o, x in zip(outputs, inputs)]
+        )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def reduce_scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts=None
-    ):
-        out = output_tensors[0]
-        if not self._on_iris(out.device):
-            return self._host(
-                "reduce_scatter", output_tensors, input_tensors, opts or dist.ReduceScatterOptions()
-            )
-        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
-        for o, ins in zip(output_tensors, input_tensors):
-            self._gather_list(ins, o, "reduce_scatter")
-            self._reduce_scatter(o, torch.cat([_flat(t) for t in ins]), op)
-        return self._work(list(output_tensors), out.device)
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None, timeout=None) -> dist.Work:
+        outputs, inputs, opts = _pg_args.reduce_scatter(output_tensors, input_tensors, opts, timeout)
+        if not self._on_iris(outputs[0].device):
+            return self._host("reduce_scatter", outputs, inputs, opts)
+        red = self._reduction(opts, outputs, "reduce_scatter")
+        for o, ins in zip(outputs, inputs):
+            _pg_args.check_list(self._iris_size, ins, o, "reduce_scatter")
 
-    def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> dist.Work:
+        def call() -> None:
+            for o, ins in zip(outputs, inputs):
+                self._reduce_scatter(o, torch.cat([_pg_args.flat(t) for t in ins]), red)
+
+        return self._run(outputs[0].device, outputs, call)
+
+    def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor, opts=None) -> dist.Work:
+        opts = _pg_args.options(opts, _C.ReduceScatterOptions)
         if not self._on_iris(inp.device):
-            return self._host("reduce_scatter_single", output, inp, opts or dist.ReduceScatterOptions())
-        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter_tensor")
-        self._reduce_scatter(output, inp, op)
-        return self._work([output], inp.device)
+            return self._host("reduce_scatter_single", output, inp, opts)
+        red = self._reduction(opts, [inp], "reduce_scatter_tensor")
+        return self._run(inp.device, [output], lambda: self._reduce_scatter(output, inp, red))
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None
-    ):
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> dist.Work:
+        outputs, inputs = list(outputs), list(inputs)
+        opts = _pg_args.options(opts, _C.ReduceScatterOptions)
         if not inputs or not self._on_iris(inputs[0].device):
-            return self._host(
-                "reduce_scatter_single_coalesced", outputs, inputs, opts or dist.ReduceScatterOptions()
-            )
-        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter_tensor")
-        for out, x in zip(outputs, inputs):
-            self._reduce_scatter(out, x, op)
-        return self._work(list(outputs), inputs[0].device)
+            return self._host("reduce_scatter_single_coalesced", outputs, inputs, opts)
+        red = self._reduction(opts, inputs, "reduce_scatter_tensor")
+        return self._run(
+            inputs[0].device,
+            outputs,
+            lambda: [self._reduce_scatter(o, x, red) for o, x in zip(outputs, inputs)],
+        )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -321,11 +371,9 @@ class IrisProcessGroup(dist.ProcessGroup):
         self, output: torch.Tensor, inp: torch.Tensor, output_split_sizes: Sequence[int],
         input_split_sizes: Sequence[int], opts: Any = None,
     ) -> dist.Work:  # fmt: skip
+        opts = _pg_args.options(opts, _C.AllToAllOptions)
         if not self._on_iris(inp.device):
-            return self._host(
-                "all_to_all_single", output, inp, output_split_sizes, input_split_sizes,
-                opts or dist.AllToAllOptions(),
-            )  # fmt: skip
+            return self._host("all_to_all_single", output, inp, output_split_sizes, input_split_sizes, opts)
         out_rows = list(output_split_sizes) or None
         in_rows = list(input_split_sizes) or None
         if out_rows is None and in_rows is None:
@@ -335,115 +383,161 @@ class IrisProcessGroup(dist.ProcessGroup):
                         f"dist.all_to_all_single: the {name} has shape {list(t.shape)}, whose dim 0 the "
                         f"group of {self._iris_size} ranks does not split evenly; pass split sizes"
                     )
-            _ccl().all_to_all(_wire(output), _wire(inp), group=self.host_group)
-        else:
-            _ccl().all_to_all(_wire(output), _wire(inp), out_rows, in_rows, group=self.host_group)
-        return self._work([output], inp.device)
+        wired = (_pg_args.wire(output), _pg_args.wire(inp))
+        splits = () if out_rows is None and in_rows is None else (out_rows, in_rows)
+        return self._run(
+            inp.device, [output],
+            lambda: _ccl().all_to_all(*wired, *splits, group=self.host_group, config=self.options.config),
+        )  # fmt: skip
 
     alltoall_base = all_to_all_single
 
-    def alltoall(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None
-    ):
-        if not self._on_iris(input_tensors[0].device):
-            return self._host("alltoall", output_tensors, input_tensors, opts or dist.AllToAllOptions())
+    def alltoall(self, output_tensors, input_tensors, opts=None) -> dist.Work:
+        outputs, inputs = list(output_tensors), list(input_tensors)
+        opts = _pg_args.options(opts, _C.AllToAllOptions)
+        if not self._on_iris(inputs[0].device):
+            return self._host("alltoall", outputs, inputs, opts)
         size = self._iris_size
-        if len(input_tensors) != size or len(output_tensors) != size:
+        if len(inputs) != size or len(outputs) != size:
             raise ValueError(
                 f"dist.all_to_all: pass {size} input and {size} output tensors (one per rank of the group), "
-                f"got {len(input_tensors)} and {len(output_tensors)}"
+                f"got {len(inputs)} and {len(outputs)}"
             )
-        dtypes = {t.dtype for t in (*input_tensors, *output_tensors)}
+        dtypes = {t.dtype for t in (*inputs, *outputs)}
         if len(dtypes) != 1:
             raise TypeError(
                 f"dist.all_to_all: every tensor must have the same dtype, got {sorted(map(str, dtypes))}"
             )
-        inp = torch.cat([_flat(t) for t in input_tensors])
-        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=inp.dtype, device=inp.device)
-        in_rows = [t.numel() for t in input_tensors]
-        out_rows = [t.numel() for t in output_tensors]
-        _ccl().all_to_all(_wire(out), _wire(inp), out_rows, in_rows, group=self.host_group)
-        self._unpack(out, output_tensors)
-        return self._work(list(output_tensors), inp.device)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        def call() -> None:
+            inp = torch.cat([_pg_args.flat(t) for t in inputs])
+            out = torch.empty(sum(t.numel() for t in outputs), dtype=inp.dtype, device=inp.device)
+            rows = ([t.numel() for t in outputs], [t.numel() for t in inputs])
+            wired = (_pg_args.wire(out), _pg_args.wire(inp))
+            _ccl().all_to_all(*wired, *rows, group=self.host_group, config=self.options.config)
+            _pg_args.unpack(out, outputs)
+
+        return self._run(inputs[0].device, outputs, call)
+
+    def broadcast(self, tensors, opts=None, timeout=None) -> dist.Work:
+        tensors, opts = _pg_args.broadcast(tensors, opts, timeout)
         if not self._on_iris(tensors[0].device):
-            return self._host("broadcast", tensors, opts or dist.BroadcastOptions())
-        root = self._global(opts.rootRank if opts is not None else 0, "dist.broadcast")
-        for t in tensors:
-            _ccl().broadcast(_wire(t), root, group=self.host_group)
-        return self._work(list(tensors), tensors[0].device)
+            return self._host("broadcast", tensors, opts)
+        root = self._global(opts.rootRank, "dist.broadcast")
+        return self._run(
+            tensors[0].device, tensors,
+            lambda: [
+                _ccl().broadcast(_pg_args.wire(t), root, group=self.host_group, config=self.options.config)
+                for t in tensors
+            ],
+        )  # fmt: skip
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+    def reduce(self, tensors, opts=None, op=None, timeout=None) -> dist.Work:
+        tensors, opts = _pg_args.reduce(tensors, opts, op, timeout)
         t = tensors[0]
         if not self._on_iris(t.device):
-            return self._host("reduce", tensors, opts or dist.ReduceOptions())
-        op = _op_name(opts.reduceOp, "reduce")
+            return self._host("reduce", tensors, opts)
+        red = self._reduction(opts, tensors, "reduce")
         root = self._global(opts.rootRank, "dist.reduce")
-        if t.dtype not in _REDUCED:
-            _check_reduction(t, op, "reduce")
-        _ccl().reduce(t, t, root, op=op, group=self.host_group)
-        return self._work([t], t.device)
 
-    def gather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
-    ):
-        inp = input_tensors[0]
+        def call() -> None:
+            inp = red.scaled(t)
+            _ccl().reduce(t, inp, root, op=red.op, group=self.host_group, config=self.options.config)
+
+        return self._run(t.device, [t], call)
+
+    def gather(self, output_tensors, input_tensors, opts=None, timeout=None) -> dist.Work:
+        outputs, inputs, opts = _pg_args.gather(output_tensors, input_tensors, opts, timeout)
+        inp = inputs[0]
         if not self._on_iris(inp.device):
-            return self._host("gather", output_tensors, input_tensors, opts or dist.GatherOptions())
+            return self._host("gather", outputs, inputs, opts)
         root = self._global(opts.rootRank, "dist.gather")
         is_root = dist.get_rank() == root
-        flat = None
         if is_root:
-            self._gather_list(output_tensors[0], inp, "gather")
-            flat = torch.empty(self._iris_size * inp.numel(), dtype=inp.dtype, device=inp.device)
-        _ccl().gather(_wire(flat) if is_root else None, _wire(inp), root, group=self.host_group)
-        if is_root:
-            self._unpack(flat, output_tensors[0])
-        return self._work(output_tensors[0] if is_root else [], inp.device)
+            _pg_args.check_list(self._iris_size, outputs[0], inp, "gather")
 
-    def scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
-    ):
-        out = output_tensors[0]
+        def call() -> None:
+            flat = (
+                torch.empty(self._iris_size * inp.numel(), dtype=inp.dtype, device=inp.device)
+                if is_root
+                else None
+            )
+            wired = _pg_args.wire(flat) if is_root else None
+            _ccl().gather(wired, _pg_args.wire(inp), root, group=self.host_group, config=self.options.config)
+            if is_root:
+                _pg_args.unpack(flat, outputs[0])
+
+        return self._run(inp.device, outputs[0] if is_root else [], call)
+
+    def scatter(self, output_tensors, input_tensors, opts=None, timeout=None) -> dist.Work:
+        outputs, inputs, opts = _pg_args.scatter(output_tensors, input_tensors, opts, timeout)
+        out = outputs[0]
         if not self._on_iris(out.device):
-            return self._host("scatter", output_tensors, input_tensors, opts or dist.ScatterOptions())
+            return self._host("scatter", outputs, inputs, opts)
         root = self._global(opts.rootRank, "dist.scatter")
-        flat = None
-        if dist.get_rank() == root:
-            self._gather_list(input_tensors[0], out, "scatter")
-            flat = torch.cat([_flat(t) for t in input_tensors[0]])
-        _ccl().scatter(_wire(out), None if flat is None else _wire(flat), root, group=self.host_group)
-        return self._work([out], out.device)
+        is_root = dist.get_rank() == root
+        if is_root:
+            _pg_args.check_list(self._iris_size, inputs[0], out, "scatter")
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
+        def call() -> None:
+            flat = torch.cat([_pg_args.flat(t) for t in inputs[0]]) if is_root else None
+            wired = _pg_args.wire(flat) if is_root else None
+            _ccl().scatter(_pg_args.wire(out), wired, root, group=self.host_group, config=self.options.config)
+
+        return self._run(out.device, [out], call)
+
+    # ---- point to point ------------------------------------------------------------------
+
+    def send(self, tensors, dstRank: int, tag: int = 0) -> dist.Work:  # noqa: N803 - torch's names
+        return self._queue("send", tensors, dstRank, tag)
+
+    def recv(self, tensors, srcRank: int, tag: int = 0) -> dist.Work:  # noqa: N803 - torch's names
+        return self._queue("recv", tensors, srcRank, tag)
+
+    def _queue(self, kind: str, tensors, peer: int, tag: int) -> dist.Work:
+        """Queue a send or recv (see the class); tags are accepted and not matched."""
+        tensors = _pg_args.tensor_list(tensors)
         t = tensors[0]
         if not self._on_iris(t.device):
-            return self._host("send", tensors, dst, tag)
-        self._check_p2p("send", tag)
-        _ccl().send(_wire(t), self._global(dst, "dist.send"), group=self.host_group)
-        return self._work([t], t.device)
+            self._start_queued()
+            return getattr(self.host_group, kind)(tensors, peer, tag)
+        wired = _pg_args.wire(t)
+        rank = self._global(peer, f"dist.{kind}")
+        p2p._check_peer(kind, wired, rank, self.host_group)
+        work = Work(t.device, [t], pending=self._start_queued, check=self._checker(t.device))
+        self._queued.append((p2p.Transfer(kind, wired, rank), work))
+        return work
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
-        t = tensors[0]
-        if not self._on_iris(t.device):
-            return self._host("recv", tensors, src, tag)
-        self._check_p2p("recv", tag)
-        _ccl().recv(_wire(t), self._global(src, "dist.recv"), group=self.host_group)
-        return self._work([t], t.device)
-
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
+    def recv_anysource(self, tensors, tag: int = 0) -> dist.Work:
         raise NotImplementedError(
-            "dist.recv without src (from any rank) is not supported by the iris backend: iris.ccl matches "
-            "messages per sender; pass src"
+            "dist.recv without src (from any rank) is not supported by the iris backend (nor by NCCL): it "
+            "matches messages per sender; pass src"
         )
 
-    def barrier(self, opts: Any = None) -> dist.Work:
+    def start_coalescing(self, device: Any = None) -> None:
+        """Calls in a coalescing block run as they are issued (point-to-point ones are
+        queued): nothing to start."""
+
+    def end_coalescing(self, device: Any = None) -> dist.Work:
+        """Start the queued point-to-point calls; a handle of them."""
+        device = torch.device(device) if device is not None else iris.mem.default_device()
+        return self._run(device, [], lambda: None)
+
+    # torch.distributed calls these from Python
+    _start_coalescing = start_coalescing
+    _end_coalescing = end_coalescing
+
+    def barrier(self, opts=None) -> dist.Work:
+        opts = _pg_args.barrier(opts)
         device = iris.mem.default_device()
         if not self._on_iris(device):
-            return self._host("barrier", opts or dist.BarrierOptions())
-        _ccl().barrier(group=self.host_group)
-        return self._work([], device, blocking=True)
+            return self._host("barrier", opts)
+        return self._run(
+            device,
+            [],
+            lambda: _ccl().barrier(group=self.host_group, config=self.options.config),
+            BarrierWork,
+        )
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         raise NotImplementedError(
@@ -451,87 +545,46 @@ class IrisProcessGroup(dist.ProcessGroup):
             "on the iris group, or monitored_barrier on its gloo group (IrisProcessGroup.host_group)"
         )
 
-    def start_coalescing(self, device: Any = None) -> None:
-        """Coalesced calls run one by one as they are issued: nothing to start."""
 
-    def end_coalescing(self, device: Any = None) -> dist.Work:
-        return self._work([], torch.device(device) if device is not None else torch.device("cpu"))
-
-    # torch.distributed calls these from Python (the C++ ones would reach the gloo backend
-    # that carries the group's name)
-    _start_coalescing = start_coalescing
-    _end_coalescing = end_coalescing
-
-    # ---- helpers -------------------------------------------------------------------------
-
-    def _gather_list(self, tensors: Sequence[torch.Tensor], like: torch.Tensor, collective: str) -> None:
-        """``tensors`` holds one tensor per rank, each with ``like``'s element count and dtype."""
-        size = self._iris_size
-        if len(tensors) != size:
-            raise ValueError(
-                f"dist.{collective}: pass a list of {size} tensors (one per rank of the group), "
-                f"got {len(tensors)}"
-            )
-        for i, t in enumerate(tensors):
-            if t.numel() != like.numel() or t.dtype != like.dtype:
-                raise ValueError(
-                    f"dist.{collective}: tensor {i} of the list has {t.numel()} {t.dtype} elements, but the "
-                    f"iris backend needs {like.numel()} {like.dtype} elements in each (tensors of different "
-                    "sizes: pad them to one size)"
-                )
-
-    @staticmethod
-    def _unpack(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
-        """Copy consecutive chunks of ``flat`` into ``outs``."""
-        start = 0
-        for o in outs:
-            o.copy_(flat[start : start + o.numel()].view(o.shape))
-            start += o.numel()
-
-    def _check_p2p(self, what: str, tag: int) -> None:
-        if tag:
-            raise ValueError(
-                f"dist.{what} with tag={tag}: the iris backend matches messages in call order per pair of "
-                "ranks and has no tags; use tag=0"
-            )
-        # send/recv run on iris.ccl's own heap for the group, made collectively on first use:
-        # beyond two ranks, some collective of the group must have made it already.
-        if self._iris_size > 2 and not _has_own_heap(self.host_group):
-            raise RuntimeError(
-                f"dist.{what} on an iris group of {self._iris_size} ranks before any collective of the "
-                "group: "
-                "send/recv run on the group's Iris heap, which every rank makes together; call "
-                "dist.barrier(group=group) on every rank of the group once before the first send/recv"
-            )
-
-
-def _has_own_heap(group: dist.ProcessGroup) -> bool:
-    """Whether iris.ccl has made its own heap (the one send/recv use) for ``group``."""
-    comm = _comm._communicators(group).get(None)
-    return comm is not None and not comm.heap.closed
+@entry.group_resolver
+def _resolve(group: Any) -> Any:
+    """Calls of iris.ccl and iris.ops given an iris group run on its host group's state."""
+    return group.host_group if isinstance(group, IrisProcessGroup) else group
 
 
 def _create(options: Any, pg_options: Any = None) -> IrisProcessGroup:
     """Make the process group of one ``backend="iris"`` group (torch.distributed's creator
-    hook, extended form): the group, its gloo host group over the same ranks, and a gloo
-    backend registered on it (which gives the group the name functional collectives and
-    DTensor find it by)."""
+    hook, extended form): the group, its gloo host group over the same ranks, a backend that
+    only carries the group's name (a call that reaches it raises), and, where
+    torch.distributed is already initialised (``new_group``: every member is here), the
+    group's send/recv state."""
+    settings = pg_options if pg_options is not None else ProcessGroupOptions()
+    if not isinstance(settings, ProcessGroupOptions):
+        raise TypeError(
+            f"pg_options of an iris group must be an iris.ccl.backend.ProcessGroupOptions, got "
+            f"{type(pg_options).__name__}"
+        )
     rank, size, timeout = options.group_rank, options.group_size, options.timeout
-    given = list(options.global_ranks_in_group)
-    ranks = given or list(range(size))
-    name = f"{options.group_id}:iris-host"
-    group_name = getattr(c10d, "GroupName", str)(name)
-    # The host group is a regular gloo group of torch.distributed under a name and tag of
-    # its own (never found in place of the iris group by rank lists).
-    host, _ = c10d._new_process_group_helper(
-        size, rank, given, "gloo", options.store, group_name, timeout=timeout, pg_tag=name,
-        group_desc="gloo group of an iris group",
+    world = not options.global_ranks_in_group  # the default group, being made
+    ranks = list(options.global_ranks_in_group) or list(range(size))
+    # One gloo mesh per group, the host group. Its own timeout bounds Iris's exchanges; the
+    # user's calls that run there pass the group's timeout with each call (gloo honours it).
+    host = _gloo.subgroup(
+        ranks, f"{options.group_id}:iris-host", _gloo.host_timeout(timeout), rank=rank, store=options.store,
+        world=world, description="gloo group of an iris group",
     )  # fmt: skip
-    c10d._world.pg_group_ranks[host] = {g: i for i, g in enumerate(ranks)}
-    pg = IrisProcessGroup(rank, size, ranks, host)
-    carrier = dist.ProcessGroupGloo(dist.PrefixStore("iris-pg/", options.store), rank, size, timeout)
+    pg = IrisProcessGroup(rank, size, ranks, host, timeout, settings)
+    carrier_options = _C.FakeProcessGroup.Options()
+    carrier_options.error_on_collective = True
+    carrier = _C.FakeProcessGroup._create_internal(rank, size, carrier_options)
     for device in ("cpu", "cuda"):
         pg._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, carrier)
+    _comm.configure(
+        host, _comm.GroupSettings(heap_bytes=settings.heap_size, wait_timeout=timeout.total_seconds())
+    )
+    _c10d_dispatch.install(IrisProcessGroup)
+    if dist.is_initialized():
+        _comm.p2p(host, iris.mem.default_device())
     return pg
 
 
@@ -544,4 +597,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["BACKEND_NAME", "IrisProcessGroup"]
+__all__ = ["BACKEND_NAME", "IrisProcessGroup", "ProcessGroupOptions"]

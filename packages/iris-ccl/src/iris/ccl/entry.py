@@ -24,6 +24,11 @@ decorator does everything around it, in this order:
 6. **The op itself**, on one node. The :class:`~iris.ccl.Work` an ``async_op=True`` call
    returns is completed with the call's output tensors (``get_future()``).
 
+Before the conversions, the call's ``group`` becomes the group whose Iris state it uses
+(:func:`group_resolver`: a torch.distributed group made with ``backend="iris"`` keeps its
+state on its gloo group), so that every way of calling an op with a group shares one
+communicator and heap.
+
 Each step is written once, here; the modules that provide a compiled form, a conversion or
 a staged form register it, and the op's own module imports nothing of theirs. Forms take
 the call's arguments as a dict (parameter name -> value, defaults filled in), so that one
@@ -121,6 +126,7 @@ OPS: dict[str, Spec] = {}
 _COMPILED: dict[str, Callable[[Args], Any]] = {}
 _STAGED: dict[str, Callable[[nodes.NodeGroups, Args], None]] = {}
 _CONVERSIONS: dict[str, list[Callable[[Spec, Args], Any]]] = {}
+_GROUP_RESOLVERS: list[Callable[[Any], Any]] = []
 
 
 def op(
@@ -207,6 +213,14 @@ def conversion(*names: str) -> Callable:
     return register
 
 
+def group_resolver(resolve: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Register ``resolve(group) -> group``: the group whose Iris state (communicator, heap)
+    a call given ``group`` runs on; ``group`` itself for groups it does not know. Applied to
+    every eager call's ``group`` before anything else."""
+    _GROUP_RESOLVERS.append(resolve)
+    return resolve
+
+
 def ensure_world() -> None:
     """Initialise torch.distributed's default group as :func:`iris.mem.init` does, if nobody
     has: from the launcher's environment (torchrun), else a world of one. A world of one made
@@ -238,6 +252,11 @@ def _call(spec: Spec, args: Args) -> Any:
 
 
 def _eager(spec: Spec, args: Args) -> Any:
+    group = args.get("group")
+    if group is not None:
+        for resolve in _GROUP_RESOLVERS:
+            group = resolve(group)
+        args["group"] = group
     for convert in _CONVERSIONS.get(spec.name, ()):
         result = convert(spec, args)
         if result is not PASS:

@@ -42,7 +42,7 @@ def reduce(
         any shape, contiguous or not; may be ``inp``.
     :param inp: this rank's contribution; any shape, contiguous or not.
     :param dst: global rank of the root (as in ``torch.distributed``), a member of ``group``.
-    :param op: SUM, AVG (floating types), MAX or MIN.
+    :param op: SUM, AVG (floating types), MAX, MIN or PRODUCT.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
     :param config: a :class:`Config`; None picks by size.

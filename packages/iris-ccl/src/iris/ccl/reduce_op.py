@@ -14,6 +14,7 @@ class ReduceOp(enum.Enum):
     AVG = "avg"
     MAX = "max"
     MIN = "min"
+    PRODUCT = "product"
 
     @classmethod
     def parse(cls, op: object) -> ReduceOp:
@@ -26,7 +27,8 @@ class ReduceOp(enum.Enum):
         try:
             return cls[name.upper()]
         except KeyError:
-            raise ValueError(f"unsupported reduce op {op!r}; use one of SUM, AVG, MAX, MIN") from None
+            names = ", ".join(o.name for o in cls)
+            raise ValueError(f"unsupported reduce op {op!r}; use one of {names}") from None
 
 
 #: dtypes every collective moves and reduces; reductions accumulate floating types in fp32.

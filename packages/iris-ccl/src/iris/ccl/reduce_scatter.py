@@ -154,7 +154,7 @@ def reduce_scatter(
         and device as ``inp``; any shape. It may be this rank's chunk of ``inp``.
     :param inp: this rank's contribution, ``G`` equal chunks viewed flat (its element
         count must be divisible by G); any shape, contiguous or not.
-    :param op: SUM, AVG (floating types), MAX or MIN.
+    :param op: SUM, AVG (floating types), MAX, MIN or PRODUCT.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
     :param config: a :class:`Config` (variants: ``iris.ccl.VARIANTS["reduce_scatter"]``, described

@@ -11,12 +11,14 @@ from iris.mem.utils import record_timeout
 
 @triton.jit
 def combine(acc, x, OP: tl.constexpr):
-    """``acc (op) x`` for OP "sum"/"avg" (add), "max" or "min". MAX and MIN of floats
-    propagate NaN (as torch's do; compiled, the default would drop it, interpreted not)."""
+    """``acc (op) x`` for OP "sum"/"avg" (add), "max", "min" or "product". MAX and MIN of
+    floats propagate NaN (as torch's do; compiled, the default would drop it, interpreted not)."""
     if OP == "max":
         return tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
     elif OP == "min":
         return tl.minimum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+    elif OP == "product":
+        return acc * x
     else:
         return acc + x
 
