@@ -159,7 +159,7 @@ NORM_SCALARS = {
 }  # fmt: skip
 #: (name, dtype, tokens, hidden, constexprs) per form; BLOCK and num_warps come from the
 #: op's own choice for the size on an H200, SINGLE from whether a row fits in BLOCK.
-_NORM_ALL = {"HAS_RES": True, "HAS_RES_OUT": True, "REREAD": False, "PDL": True}
+_NORM_ALL = {"HAS_RES": True, "HAS_RES_OUT": True, "PDL": True}
 _THREE = {"GROUP": 3, "ME": 2, "RANK": 2, "WORLD": 3}
 _FOUR = {"GROUP": 4, "ME": 3, "RANK": 3, "WORLD": 4}
 _VIA_WORKSPACE = {"OUT_IN_PLACE": False, "RES_IN_PLACE": False}
@@ -171,7 +171,7 @@ NORM_PROFILES = {
             "fp16",
             8,
             20000,
-            {**_NORM_ALL, **_THREE, "SPREAD": False, "REREAD": True},
+            {**_NORM_ALL, **_THREE, "SPREAD": False},
         ),
         ("fp32 4 ranks, no PDL", "fp32", 16, 4096, {**_NORM_ALL, **_FOUR, "SPREAD": True, "PDL": False}),
     ],

@@ -145,15 +145,17 @@ def _norm_row(
     ctx, group, inp_row, res_row, peers, peer_stride, weight, out_row, rout_row, gout_row, gres_row,
     H, eps, flag,
     LL: tl.constexpr, REMOTE: tl.constexpr, SINGLE: tl.constexpr, HAS_RES: tl.constexpr,
-    HAS_RES_OUT: tl.constexpr, REREAD: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr,
-    GROUP: tl.constexpr, ME: tl.constexpr,
+    HAS_RES_OUT: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+    ME: tl.constexpr,
 ):  # fmt: skip
     """One row: ``s`` (see :func:`_sum_chunk`) into ``residual_out`` and its RMSNorm into
     ``out`` (both also into the peers' ``gres_row`` / ``gout_row`` with ``REMOTE``). A row
     of at most ``BLOCK`` elements stays in registers (``SINGLE``); a longer one takes two
-    passes, the second computing ``s`` again (the peers' data is still where the first pass
-    found it), or reading it back from ``residual_out`` where that is ``residual``
-    (``REREAD``)."""
+    passes: the first only sums the squares of ``s``, the second computes ``s`` again (the
+    peers' data is still where the first pass found it, and the residual is still unwritten
+    where ``residual_out`` is ``residual``) and stores both outputs. So the norm always comes
+    from the fp32 ``s``, never from ``s`` rounded into ``residual_out`` (an fp16 sum past
+    65504 would read back as infinity)."""
     if SINGLE:
         s, offs, mask = _sum_chunk(
             ctx, group, inp_row, res_row, peers, peer_stride, 0, H, flag, LL, True, HAS_RES, BLOCK, GROUP, ME
@@ -172,22 +174,18 @@ def _norm_row(
                 GROUP, ME,
             )  # fmt: skip
             squares += s * s
-            if HAS_RES_OUT:
-                _emit(ctx, group, rout_row, gres_row, offs, mask, s, REMOTE, HINT, GROUP, ME)
             h0 += BLOCK
         rstd = tl.rsqrt(tl.sum(squares) / H + eps)
-        tl.debug_barrier()  # REREAD: the first pass's stores of residual_out come first
         h0 = 0
         while h0 < H:
-            if REREAD:
-                offs = h0 + tl.arange(0, BLOCK)
-                mask = offs < H
-                s = tl.load(rout_row + offs, mask=mask, other=0).to(tl.float32)
-            else:
-                s, offs, mask = _sum_chunk(
-                    ctx, group, inp_row, res_row, peers, peer_stride, h0, H, flag, LL, False, HAS_RES, BLOCK,
-                    GROUP, ME,
-                )  # fmt: skip
+            # Each element of the residual is read here before residual_out (maybe the same
+            # memory) is written at it, by the same thread.
+            s, offs, mask = _sum_chunk(
+                ctx, group, inp_row, res_row, peers, peer_stride, h0, H, flag, LL, False, HAS_RES, BLOCK,
+                GROUP, ME,
+            )  # fmt: skip
+            if HAS_RES_OUT:
+                _emit(ctx, group, rout_row, gres_row, offs, mask, s, REMOTE, HINT, GROUP, ME)
             w = tl.load(weight + offs, mask=mask, other=0).to(tl.float32)
             _emit(ctx, group, out_row, gout_row, offs, mask, s * rstd * w, REMOTE, HINT, GROUP, ME)
             h0 += BLOCK
@@ -253,7 +251,7 @@ def _ll_rmsnorm_kernel(
     T, H, eps, stride_i, stride_r, stride_o, stride_ro, row_lines, box_stride,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK: tl.constexpr, PIECE: tl.constexpr, SPREAD: tl.constexpr, SINGLE: tl.constexpr,
-    HAS_RES: tl.constexpr, HAS_RES_OUT: tl.constexpr, REREAD: tl.constexpr, PDL: tl.constexpr = False,
+    HAS_RES: tl.constexpr, HAS_RES_OUT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The ``"ll"`` form over ``T`` rows of ``H`` elements (see the module docstring);
     ``boxes`` holds two banks of ``GROUP - 1`` slots of ``box_stride`` lines, a row
@@ -275,7 +273,7 @@ def _ll_rmsnorm_kernel(
         _norm_row(
             ctx, group, inp + r * stride_i, residual + r * stride_r, bank + r * row_lines, box_stride, weight,
             out + r * stride_o, residual_out + r * stride_ro, out, residual_out, H, eps, flag,
-            True, False, SINGLE, HAS_RES, HAS_RES_OUT, REREAD, None, BLOCK, GROUP, ME,
+            True, False, SINGLE, HAS_RES, HAS_RES_OUT, None, BLOCK, GROUP, ME,
         )  # fmt: skip
         row += programs
     advance_launch_counter(launches, _LAUNCH_UNIT)
@@ -354,7 +352,7 @@ def _rs_rmsnorm_kernel(
     T, H, eps, share, part_stride, stride_i, stride_r, stride_o, stride_ro, stride_go, stride_gr,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK: tl.constexpr, SINGLE: tl.constexpr, HAS_RES: tl.constexpr, HAS_RES_OUT: tl.constexpr,
-    REREAD: tl.constexpr, OUT_IN_PLACE: tl.constexpr, RES_IN_PLACE: tl.constexpr, HINT: tl.constexpr,
+    OUT_IN_PLACE: tl.constexpr, RES_IN_PLACE: tl.constexpr, HINT: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The ``"rs_ag"`` form over ``T`` rows of ``H`` elements, ``share`` rows per rank (see
@@ -389,7 +387,7 @@ def _rs_rmsnorm_kernel(
                 ctx, group, inp + r * stride_i, residual + r * stride_r, mine, slot, weight,
                 out + r * stride_o, residual_out + r * stride_ro, gout + r * stride_go, gres + r * stride_gr,
                 H, eps, flag,
-                False, True, SINGLE, HAS_RES, HAS_RES_OUT, REREAD, HINT, BLOCK, GROUP, ME,
+                False, True, SINGLE, HAS_RES, HAS_RES_OUT, HINT, BLOCK, GROUP, ME,
             )  # fmt: skip
             for k in tl.static_range(1, GROUP):
                 _raise(ctx, ag_flags + row, flag, group.rank((ME + k) % GROUP))

@@ -236,9 +236,6 @@ def _run(plan: _Plan, out, inp, weight, eps: float, residual, residual_out, rank
     flags: dict[str, Any] = {
         "HAS_RES": residual is not None,
         "HAS_RES_OUT": residual_out is not None,
-        # residual_out is residual (in place): the second pass reads s back from it, since
-        # the first pass has overwritten the residual that recomputing s would need.
-        "REREAD": k_rout is not None and k_res is not None and _host.overlaps(k_rout, k_res),
         "SINGLE": hidden <= plan.cfg.block,
         "BLOCK": plan.cfg.block,
     }
