@@ -173,6 +173,73 @@ def test_empty_and_k0_problems():
     assert_clean(run_world(degenerate_body, 2, timeout=120), 1)
 
 
+def aborted_body(rank, world_size):
+    """Every rank aborts its heap; then each op given one tensor of that heap (in each
+    argument position) must refuse it with AbortedError naming the argument and the heap's
+    reason, before anything runs, and leave the heap's tensors unwritten. Plain outputs of
+    the fused GEMM ops and of the ll form stage nothing on the caller's heap, so without the
+    check they ran on the aborted heap's inputs."""
+    import iris.mem
+    import iris.ops
+
+    g = world_size
+    heap = iris.mem.init(1 << 22)
+    on_heap = {
+        "a": heap.full((8, 6), 1.0), "b": heap.full((6, 5), 1.0), "bias": heap.zeros(5),
+        "out": heap.full((8, 5), 7.0), "inp": heap.ones(3, 5), "weight": heap.ones(5),
+        "residual": heap.ones(3, 5), "residual_out": heap.full((3, 5), 7.0),
+        "normed": heap.full((3, 5), 7.0),
+    }  # fmt: skip
+    before = {name: t.clone() for name, t in on_heap.items()}
+    heap.abort("the trainer gave up")
+    plain = {
+        "a": torch.ones(8, 6), "b": torch.ones(6, 5), "bias": None, "out": torch.empty(8, 5),
+        "inp": torch.ones(3, 5), "weight": torch.ones(5), "residual": torch.ones(3, 5),
+        "residual_out": torch.empty(3, 5), "normed": torch.empty(3, 5),
+    }  # fmt: skip
+    rows = {"matmul_all_reduce": 8, "all_gather_matmul": 8 * g, "matmul_all_gather": 8 * g}
+    calls = {}
+    for op in (*rows, "matmul_reduce_scatter"):
+        out_rows = rows.get(op, 8 // g)
+        for name in ("a", "b", "bias") + (("out",) if out_rows == 8 else ()):  # out: the heap's is 8 x 5
+            args = {**plain, "out": torch.empty(out_rows, 5), name: on_heap[name]}
+            a_name = "a_shard" if op == "all_gather_matmul" else "a"
+            call = {"out": args["out"], a_name: args["a"], "b": args["b"], "bias": args["bias"]}
+            label = a_name if name == "a" else name
+            calls[f"{op}({label} on the heap)"] = (getattr(iris.ops, op), call, label)
+    for name in ("inp", "weight", "residual", "residual_out", "normed"):
+        args = {**plain, name: on_heap[name]}
+        call = {
+            "out": args["normed"], "inp": args["inp"], "weight": args["weight"], "residual": args["residual"],
+            "residual_out": args["residual_out"], "config": iris.ops.AllReduceRMSNormConfig(form="ll"),
+        }  # fmt: skip
+        label = "out" if name == "normed" else name
+        calls[f"all_reduce_rmsnorm({label} on the heap)"] = (iris.ops.all_reduce_rmsnorm, call, label)
+    bad = []
+    for what, (fn, kwargs, name) in calls.items():
+        try:
+            fn(**kwargs)
+        except iris.mem.AbortedError as e:
+            if "the trainer gave up" not in str(e) or f": {name} (" not in str(e):
+                bad.append(f"{what}: AbortedError without the argument or the reason: {e}")
+        except Exception as e:  # noqa: BLE001 - reported
+            bad.append(f"{what}: {type(e).__name__}: {e}")
+        else:
+            bad.append(f"{what}: no error")
+    for name, t in on_heap.items():
+        if not torch.equal(t, before[name]):
+            bad.append(f"a refused call wrote the aborted heap's {name}")
+    heap.close()
+    iris.ops.release_workspaces()
+    return {"bad": bad, "cases": len(calls)}
+
+
+def test_aborted_heap_tensors_are_refused():
+    """heap.abort() is enforced by every fused op and all_reduce_rmsnorm (issue: they ran on
+    an aborted heap's tensors where they stage nothing on it)."""
+    assert_clean(run_world(aborted_body, 2, timeout=120), 4 + 3 * 3 + 5)
+
+
 def absent_body(rank, world_size):
     """After one call together (which prepares the workspace), rank 1 skips the next call:
     rank 0's kernel gives up after IRIS_WAIT_TIMEOUT and raises DeviceWaitTimeout naming the

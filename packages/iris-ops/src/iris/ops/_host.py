@@ -23,8 +23,26 @@ def _tensor(t: Any, name: str, op: str, ndim: int) -> torch.Tensor:
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {list(t.shape)}")
-    iris.mem.check_live(t, f"{op}: {name}")
+    check_usable(t, f"{op}: {name}")
     return t
+
+
+def check_usable(t: torch.Tensor, what: str) -> None:
+    """An error for a tensor on a closed heap (and, in debug mode, in a freed range of a heap)
+    or on an aborted one, named ``what``. An aborted heap's tensors are refused whatever the
+    call would do with them (a call with plain outputs would only read them, but nothing may
+    use an aborted heap again)."""
+    iris.mem.check_live(t, what)
+    heap = iris.mem.heap_of(t)
+    if heap is not None and heap.aborted:
+        try:
+            heap.get_device_context()  # raises the heap's own AbortedError: who failed, why
+        except iris.mem.AbortedError as e:
+            raise iris.mem.AbortedError(
+                f"{what} ({list(t.shape)}, {t.dtype}) lies on a symmetric heap that was aborted: {e}",
+                e.rank,
+                e.reason,
+            ) from None
 
 
 def check_operands(op: str, out, a, b, bias) -> None:
