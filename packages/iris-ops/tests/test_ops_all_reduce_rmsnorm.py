@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 WORLD_TIMEOUT = 240.0
 HEAP = 1 << 25
 BF, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 #: Error allowed, relative to the largest finite element of the exact result: the output is
 #: rounded once from fp32 (half a unit in the last place; a whole unit for bf16 in Triton's
 #: interpreter, which truncates fp32 to bf16); fp32 sums of squares over a few thousand
@@ -54,6 +55,28 @@ CASES = {
             out_kind="plain",
             block=256,
             magnitude=40000.0,
+        ),
+        # float8 out: a static scale small enough that the largest values saturate (ll);
+        # per-row scales into a strided scales_out, rows in two passes (rs_ag).
+        dict(
+            dtype=BF,
+            shape=(3, 1000),
+            form="ll",
+            res="plain",
+            rout="plain",
+            out_kind="plain",
+            fp8=E4M3,
+            scale=0.004,
+        ),
+        dict(
+            dtype=FP16,
+            shape=(5, 1000),
+            form="rs_ag",
+            res="plain",
+            rout="inplace",
+            out_kind="plain",
+            fp8=E5M2,
+            block=256,
         ),
     ],
     2: [
@@ -84,6 +107,31 @@ CASES = {
             out_kind="heap",
             block=256,
             magnitude=30000.0,
+        ),
+        # float8 out, both forms, both formats, static and dynamic scales, one and two passes,
+        # outputs on the heap (rs_ag: written by the rows' owners), strided and plain.
+        dict(dtype=BF, shape=(4, 1000), form="rs_ag", res="plain", rout="plain", out_kind="heap", fp8=E4M3),
+        dict(
+            dtype=FP32,
+            shape=(3, 1000),
+            form="ll",
+            res="none",
+            rout="none",
+            out_kind="plain",
+            fp8=E5M2,
+            scale=3e-5,
+            block=256,
+        ),
+        dict(dtype=BF, shape=(5, 1000), form="ll", res="plain", rout="inplace", out_kind="plain", fp8=E4M3),
+        dict(
+            dtype=FP16,
+            shape=(4, 1000),
+            form="rs_ag",
+            res="plain",
+            rout="heap",
+            out_kind="strided",
+            fp8=E5M2,
+            scale=3e-5,
         ),
         # Rows in several pieces (block < hidden), residual_out in place.
         dict(dtype=BF, shape=(5, 1000), form="ll", res="plain", rout="inplace", out_kind="plain", block=256),
@@ -127,10 +175,13 @@ def _vector(dtype, n, case, which):
 
 def norm_case(
     rank, world, case, heap, dtype, shape, form, res, rout, out_kind, repeat=1, w=None, block=0, programs=0,
-    spread=None, group=None, magnitude=1.0,
+    spread=None, group=None, magnitude=1.0, fp8=None, scale=None,
 ):  # fmt: skip
     """``repeat`` calls on one workspace, fresh inputs each (uniform in ``[-magnitude,
-    magnitude)``), against the float64 reference; returns the problems found."""
+    magnitude)``), against the float64 reference; returns the problems found. With ``fp8``
+    (a float8 dtype) ``out`` is of that dtype, quantized with the static ``scale`` when given
+    (a number), else with per-row scales (``scales_out``: on the heap with ``out_kind="heap"``,
+    else a strided view)."""
     import iris.ops
 
     tokens, hidden = shape
@@ -146,7 +197,16 @@ def norm_case(
         if res == "plain":
             residual = (rand(shape, FP32, seed(0, case, 3 * call + 1)) * magnitude).to(dtype)
         expected_inp, expected_res = inp.clone(), residual.clone() if residual is not None else None
-        out = inp if out_kind == "inplace" else make_out(out_kind, shape, dtype, heap)
+        out = inp if out_kind == "inplace" else make_out(out_kind, shape, fp8 or dtype, heap)
+        quant = {}
+        if fp8 is not None and scale is not None:
+            quant["scale"] = torch.full((1,), scale, device=inp.device)
+        elif fp8 is not None:
+            quant["scales_out"] = (
+                heap.full((tokens,), float("nan"))
+                if out_kind == "heap"
+                else torch.full((tokens, 2), float("nan"), device=inp.device)[:, 1]
+            )
         residual_out = None
         if rout == "inplace":
             residual_out = residual
@@ -154,17 +214,68 @@ def norm_case(
             residual_out = make_out(rout, shape, dtype, heap)
         returned = iris.ops.all_reduce_rmsnorm(
             out, inp, weight, EPS, residual=residual, residual_out=residual_out, group=group, config=cfg,
-            workspace=ws,
+            workspace=ws, **quant,
         )  # fmt: skip
         s = summed(expected_inp, group) + (expected_res.double() if expected_res is not None else 0)
         want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + EPS) * weight.double()
         label = f"{what} call {call}"
         if returned is not None:
             problems.append(f"{label}: returned {returned!r} with async_op=False")
-        problems += compare(out, want, f"{label} out")
+        if fp8 is None:
+            problems += compare(out, want, f"{label} out")
+        else:
+            problems += compare_fp8(out, want, quant, label)
         if residual_out is not None:  # s rounded to the dtype (infinite where it overflows it)
             problems += compare(residual_out, s.to(dtype).double(), f"{label} residual_out")
     ws.close()
+    return problems
+
+
+#: The float8 output's contract (docs/ops.md): ``out = fp8(y / s)`` rounded to nearest even,
+#: saturating. The kernel's ``y / s`` is computed in fp32, the reference's ``v`` in float64;
+#: each code must be the rounding of a value within ``FP8_REL * |v| + FP8_ABS * fp8_max``
+#: of ``v`` (so bit-exact, except where ``v`` lies that close to a rounding midpoint: fp32
+#: sums of squares and products land on either side there), and a dynamic scale within
+#: ``FP8_REL`` of ``max(amax|y_t|, 2**-40) / fp8_max``.
+FP8_REL, FP8_ABS = 2.0**-16, 2.0**-20
+FP8_TINY = 2.0**-40
+
+
+def fp8_round(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``v`` (float64) rounded to nearest even in ``dtype``, saturating, as float64."""
+    top = torch.finfo(dtype).max
+    return v.clamp(-top, top).to(dtype).double()
+
+
+def compare_fp8(out: torch.Tensor, y: torch.Tensor, quant: dict, what: str, rounding=fp8_round) -> list[str]:
+    """Problems of the float8 ``out`` against the float64 normed rows ``y``, quantized with the
+    static ``quant["scale"]`` or the per-row ``quant["scales_out"]`` the call returned (its
+    own scales checked against ``y``'s amax)."""
+    dtype, top = out.dtype, torch.finfo(out.dtype).max
+    got, y = out.detach().cpu().double(), y.detach().cpu().double()
+    problems = []
+    if "scale" in quant:
+        scales = quant["scale"].detach().cpu().double().reshape(1, 1)
+    else:
+        scales = quant["scales_out"].detach().cpu().double()[:, None]
+        want = y.abs().amax(-1, keepdim=True).clamp_min(FP8_TINY) / top
+        bad = ~((scales - want).abs() <= FP8_REL * want)
+        if bad.any():
+            problems.append(
+                f"{what} scales_out: {int(bad.sum())} of {want.numel()} off by more than {FP8_REL:.3g} "
+                f"relative: got {scales[bad][:4].tolist()} want {want[bad][:4].tolist()}"
+            )
+    v = y / scales
+    band = FP8_REL * v.abs() + FP8_ABS * top
+    low, high, nearest = rounding(v - band, dtype), rounding(v + band, dtype), rounding(v, dtype)
+    bad = ~((low <= got) & (got <= high))  # NaN too
+    if bad.any():
+        idx = bad.nonzero()[:4].tolist()
+        problems.append(
+            f"{what} out ({dtype_name(dtype)}): {int(bad.sum())} of {got.numel()} codes are not the "
+            f"rounding of y / scale; first {idx}: got {got[bad][:4].tolist()} want "
+            f"{nearest[bad][:4].tolist()} (y / scale = {v[bad][:4].tolist()})"
+        )
     return problems
 
 
