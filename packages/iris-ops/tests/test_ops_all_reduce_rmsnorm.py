@@ -508,6 +508,7 @@ def test_bad_arguments_raise_clear_errors():
 
     op = iris.ops.all_reduce_rmsnorm
     x, w, big = torch.zeros(4, 8), torch.ones(8), torch.zeros(4, 16)
+    q, one = torch.empty(4, 8, dtype=E4M3), torch.ones(1)
     cases = [
         (TypeError, "out must be a torch.Tensor", (None, x, w), {}),
         (TypeError, "inp must be a torch.Tensor", (x.clone(), [1.0], w), {}),
@@ -538,7 +539,19 @@ def test_bad_arguments_raise_clear_errors():
         ),
         (ValueError, "out overlaps residual_out", (x, torch.zeros(4, 8), w), dict(residual_out=x)),
         (TypeError, "config must be an iris.ops.AllReduceRMSNormConfig", (x.clone(), x, w), dict(config=1)),
-    ]
+        # a float8 out and its scales
+        (ValueError, "a float8 out needs exactly one of scale=", (q, x, w), {}),
+        (ValueError, "; got both", (q, x, w), dict(scale=one, scales_out=torch.ones(4))),
+        (ValueError, "scale is for a float8 out", (x.clone(), x, w), dict(scale=one)),
+        (ValueError, "scales_out is for a float8 out", (x.clone(), x, w), dict(scales_out=torch.ones(4))),
+        (TypeError, "scale has dtype torch.float64; scales are float32", (q, x, w), dict(scale=one.double())),
+        (ValueError, "scale has shape [2]; expected one element", (q, x, w), dict(scale=torch.ones(2))),
+        (ValueError, "scales_out is torch.float32 [3]; expected torch.float32 [4]", (q, x, w),
+         dict(scales_out=torch.ones(3))),
+        (ValueError, "scales_out overlaps inp", (q, x, w), dict(scales_out=x[:, 0])),
+        (TypeError, "out has dtype torch.float8_e4m3fn but inp has torch.float32", (x.clone(), q.float(), w),
+         dict(residual=x, residual_out=q)),
+    ]  # fmt: skip
     for exc, text, args, kwargs in cases:
         with pytest.raises(exc, match=text.replace("[", r"\[").replace("]", r"\]")):
             op(*args, **kwargs)

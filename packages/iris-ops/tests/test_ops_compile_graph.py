@@ -159,15 +159,14 @@ def _body_compile(rank: int, world_size: int, backend: str) -> list[str]:
     dist.all_reduce(full, group=group)
     problems += _compare([full + bias], [eager[0]], "matmul_all_reduce vs torch")
 
-    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
-    fn = torch.compile(_public_fp8, fullgraph=True, backend=counter)
-    args = (*_fp8_operands(a, b), a @ b, bias, group)
-    problems += _compare(_public_fp8(*args), fn(*args), "float8")
-    missing = {"matmul_all_reduce", "all_reduce_rmsnorm_quantized"} - _graph_ops(counter)
-    if counter.frame_count != 1 or missing:
-        problems.append(
-            f"float8: {counter.frame_count} frames compiled; ops not in the graph: {sorted(missing)}"
-        )
+    if world_size == 1:  # the float8 forms; in worlds: test_ops_paths, test_ops_all_reduce_rmsnorm
+        counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+        fn = torch.compile(_public_fp8, fullgraph=True, backend=counter)
+        args = (*_fp8_operands(a, b), a @ b, bias, group)
+        problems += _compare(_public_fp8(*args), fn(*args), "float8")
+        missing = {"matmul_all_reduce", "all_reduce_rmsnorm_quantized"} - _graph_ops(counter)
+        if counter.frame_count != 1 or missing:
+            problems.append(f"float8: {counter.frame_count} frames; ops not in the graph: {sorted(missing)}")
     return problems
 
 
