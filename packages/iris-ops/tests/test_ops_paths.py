@@ -202,14 +202,17 @@ def _fp8_scale(kind: str, length: int, row: bool, case: int, rank: int):
     return values.view(length, 1) if row else values.view(1, length)
 
 
-def fp8_case(rank, world_size, case, heap, op, path, dtypes, scales, out_dtype, out_kind, bias, extra=0):
+def fp8_case(
+    rank, world_size, case, heap, op, path, dtypes, scales, out_dtype, out_kind, bias, extra=0, rows=13
+):  # fmt: skip
     """One call of ``op`` with float8 operands of ``dtypes`` and scales of kinds ``scales``,
-    against the float64 dequantized reference and the torch.distributed collective."""
+    against the float64 dequantized reference and the torch.distributed collective; M is
+    ``rows`` per rank."""
     import iris.ops
 
-    m, n, k = (world_size * 13, world_size * 11, world_size * 7)  # odd: no block multiple
+    m, n, k = (world_size * rows, world_size * 11, world_size * 7)  # odd: no block multiple
     what = f"{op} path={path} {[dtype_name(d) for d in dtypes]} scales={scales} -> {dtype_name(out_dtype)}"
-    what += f" out={out_kind} bias={bias} extra={extra}"
+    what += f" out={out_kind} bias={bias} extra={extra} rows={rows}"
     a, b, out_shape = _operands(op, m, n, k, world_size, extra, torch.float32, rank, case)
     a, b = _fp8_operand(a.shape, dtypes[0], case, 0, rank), _fp8_operand(b.shape, dtypes[1], case, 1, rank)
     scale_a = _fp8_scale(scales[0], a.shape[0], True, case, rank)
@@ -273,6 +276,16 @@ def _fp8_cases(world: int) -> list[dict]:
                     extra=p if layered else 0,
                 )
             )  # fmt: skip
+    # all_gather_matmul's shards carrying their scales along K (each slice scaled) on both
+    # paths, and in the decode layout (every gathered row in one tile: the whole shard and
+    # its scales pushed at once); matmul_reduce_scatter's fused kernel split along N.
+    common = dict(out_dtype=torch.bfloat16, out_kind="plain", bias=True, dtypes=(E4M3, E4M3))
+    cases += [
+        dict(op="all_gather_matmul", path="fused", scales=("tensor", "row"), extra=1, **common),
+        dict(op="all_gather_matmul", path="composed", scales=("row", "tensor"), extra=1, **common),
+        dict(op="all_gather_matmul", path="fused", scales=("row", "row"), extra=0, rows=4, **common),
+        dict(op="matmul_reduce_scatter", path="fused", scales=("row", "row"), extra=1, **common),
+    ]
     return cases
 
 
