@@ -33,9 +33,11 @@ rank, maximum over ranks. Prints a table with ratios; writes results.json (and P
 ``bound`` is (matmul + NCCL) / matmul: the most any fused op can gain over matmul + NCCL
 with a GEMM as fast as torch.matmul's and all of the communication hidden.
 ``--dtype float8_e4m3fn`` (or ``float8_e5m2``) gives every op fp8 inputs, each quantized
-from N(0, 1) values with a per-tensor scale (``scale_a`` / ``scale_b``, as ``torch._scaled_mm``
-takes them) and a bf16 output; the baselines multiply with ``torch._scaled_mm`` and move the
-fp8 bytes (all_gather_matmul) or the bf16 products through NCCL; torch's fused ops are left out.
+from N(0, 1) values with a per-tensor scale passed as iris.ops' ``scale_a`` / ``scale_b`` (as
+``torch._scaled_mm`` takes them) and a bf16 output; the baselines multiply with
+``torch._scaled_mm`` and move the fp8 bytes (all_gather_matmul) or the bf16 products through
+NCCL; torch's fused ops are left out. all_gather_matmul's shards share one scale here (iris.ops
+would carry each shard's own) so that the baseline's gathered A is one ``torch._scaled_mm``.
 ``--tune`` tries a few Configs per op and shape and prints the fastest (``--configs``: the
 given ones against the default instead). ``--smoke`` runs the
 whole script on the CPU backend (gloo, tiny shapes, wall-clock times) to check it without GPUs.

@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 WORLD_TIMEOUT = 240.0
 HEAP = 1 << 25
 BF, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-#: Error allowed, relative to the largest element of the exact result: the output is
-#: rounded once from fp32, twice where ``s`` is read back from a ``residual_out`` that is
-#: ``residual`` (half a unit in the last place each; a whole unit for bf16 in Triton's
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+#: Error allowed, relative to the largest finite element of the exact result: the output is
+#: rounded once from fp32 (half a unit in the last place; a whole unit for bf16 in Triton's
 #: interpreter, which truncates fp32 to bf16); fp32 sums of squares over a few thousand
 #: elements.
 TOL = {FP32: 2.0**-14, FP16: 2.0**-9, BF: 2.0**-6}
@@ -44,6 +44,40 @@ CASES = {
     1: [
         dict(dtype=BF, shape=(3, 1000), form="ll", res="plain", rout="plain", out_kind="plain"),
         dict(dtype=FP32, shape=(5, 37), form="rs_ag", res="none", rout="none", out_kind="heap"),
+        # fp16 sums past 65504 (residual_out infinite there), rows in two passes, in place:
+        # out is computed from the fp32 sum, as in one pass, not from the overflowed residual.
+        dict(
+            dtype=FP16,
+            shape=(3, 1000),
+            form="ll",
+            res="plain",
+            rout="inplace",
+            out_kind="plain",
+            block=256,
+            magnitude=40000.0,
+        ),
+        # float8 out: a static scale small enough that the largest values saturate (ll);
+        # per-row scales into a strided scales_out, rows in two passes (rs_ag).
+        dict(
+            dtype=BF,
+            shape=(3, 1000),
+            form="ll",
+            res="plain",
+            rout="plain",
+            out_kind="plain",
+            fp8=E4M3,
+            scale=0.004,
+        ),
+        dict(
+            dtype=FP16,
+            shape=(5, 1000),
+            form="rs_ag",
+            res="plain",
+            rout="inplace",
+            out_kind="plain",
+            fp8=E5M2,
+            block=256,
+        ),
     ],
     2: [
         dict(dtype=BF, shape=(1, 4097), form="auto", res="plain", rout="heap", out_kind="heap"),
@@ -64,7 +98,42 @@ CASES = {
         dict(dtype=FP32, shape=(37, 1000), form="rs_ag", res="plain", rout="heap", out_kind="heap", repeat=2),
         dict(dtype=BF, shape=(37, 1000), form="rs_ag", res="plain", rout="inplace", out_kind="inplace"),
         dict(dtype=FP16, shape=(3, 4097), form="rs_ag", res="plain", rout="plain", out_kind="strided"),
-        # Rows in several pieces (block < hidden), s read back from residual_out.
+        dict(
+            dtype=FP16,
+            shape=(4, 1000),
+            form="rs_ag",
+            res="plain",
+            rout="inplace",
+            out_kind="heap",
+            block=256,
+            magnitude=30000.0,
+        ),
+        # float8 out, both forms, both formats, static and dynamic scales, one and two passes,
+        # outputs on the heap (rs_ag: written by the rows' owners), strided and plain.
+        dict(dtype=BF, shape=(4, 1000), form="rs_ag", res="plain", rout="plain", out_kind="heap", fp8=E4M3),
+        dict(
+            dtype=FP32,
+            shape=(3, 1000),
+            form="ll",
+            res="none",
+            rout="none",
+            out_kind="plain",
+            fp8=E5M2,
+            scale=3e-5,
+            block=256,
+        ),
+        dict(dtype=BF, shape=(5, 1000), form="ll", res="plain", rout="inplace", out_kind="plain", fp8=E4M3),
+        dict(
+            dtype=FP16,
+            shape=(4, 1000),
+            form="rs_ag",
+            res="plain",
+            rout="heap",
+            out_kind="strided",
+            fp8=E5M2,
+            scale=3e-5,
+        ),
+        # Rows in several pieces (block < hidden), residual_out in place.
         dict(dtype=BF, shape=(5, 1000), form="ll", res="plain", rout="inplace", out_kind="plain", block=256),
         dict(dtype=FP32, shape=(2, 1000), form="auto", res="none", rout="none", out_kind="plain", programs=1),
         # The pushes spread over the programs in pieces (one program: the interpreter runs
@@ -106,24 +175,38 @@ def _vector(dtype, n, case, which):
 
 def norm_case(
     rank, world, case, heap, dtype, shape, form, res, rout, out_kind, repeat=1, w=None, block=0, programs=0,
-    spread=None, group=None,
+    spread=None, group=None, magnitude=1.0, fp8=None, scale=None,
 ):  # fmt: skip
-    """``repeat`` calls on one workspace, fresh inputs each, against the float64 reference;
-    returns the problems found."""
+    """``repeat`` calls on one workspace, fresh inputs each (uniform in ``[-magnitude,
+    magnitude)``), against the float64 reference; returns the problems found. With ``fp8``
+    (a float8 dtype) ``out`` is of that dtype, quantized with the static ``scale`` when given
+    (a number), else with per-row scales (``scales_out``: on the heap with ``out_kind="heap"``,
+    else a strided view)."""
     import iris.ops
 
     tokens, hidden = shape
     ws = iris.ops.Workspace()
     cfg = iris.ops.AllReduceRMSNormConfig(form=form, block=block, programs=programs, spread=spread)
     what = f"world={world} {dtype_name(dtype)} {shape} form={form} res={res} rout={rout} out={out_kind}"
-    what += f" block={block} programs={programs} spread={spread}"
+    what += f" block={block} programs={programs} spread={spread} magnitude={magnitude}"
     weight = _vector(w or dtype, hidden, case, 99)
     problems = []
     for call in range(repeat):
-        inp = rand(shape, dtype, seed(rank, case, 3 * call))
-        residual = rand(shape, dtype, seed(0, case, 3 * call + 1)) if res == "plain" else None
+        inp = (rand(shape, FP32, seed(rank, case, 3 * call)) * magnitude).to(dtype)
+        residual = None
+        if res == "plain":
+            residual = (rand(shape, FP32, seed(0, case, 3 * call + 1)) * magnitude).to(dtype)
         expected_inp, expected_res = inp.clone(), residual.clone() if residual is not None else None
-        out = inp if out_kind == "inplace" else make_out(out_kind, shape, dtype, heap)
+        out = inp if out_kind == "inplace" else make_out(out_kind, shape, fp8 or dtype, heap)
+        quant = {}
+        if fp8 is not None and scale is not None:
+            quant["scale"] = torch.full((1,), scale, device=inp.device)
+        elif fp8 is not None:
+            quant["scales_out"] = (
+                heap.full((tokens,), float("nan"))
+                if out_kind == "heap"
+                else torch.full((tokens, 2), float("nan"), device=inp.device)[:, 1]
+            )
         residual_out = None
         if rout == "inplace":
             residual_out = residual
@@ -131,27 +214,81 @@ def norm_case(
             residual_out = make_out(rout, shape, dtype, heap)
         returned = iris.ops.all_reduce_rmsnorm(
             out, inp, weight, EPS, residual=residual, residual_out=residual_out, group=group, config=cfg,
-            workspace=ws,
+            workspace=ws, **quant,
         )  # fmt: skip
         s = summed(expected_inp, group) + (expected_res.double() if expected_res is not None else 0)
         want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + EPS) * weight.double()
         label = f"{what} call {call}"
         if returned is not None:
             problems.append(f"{label}: returned {returned!r} with async_op=False")
-        problems += compare(out, want, f"{label} out")
-        if residual_out is not None:
-            problems += compare(residual_out, s, f"{label} residual_out")
+        if fp8 is None:
+            problems += compare(out, want, f"{label} out")
+        else:
+            problems += compare_fp8(out, want, quant, label)
+        if residual_out is not None:  # s rounded to the dtype (infinite where it overflows it)
+            problems += compare(residual_out, s.to(dtype).double(), f"{label} residual_out")
     ws.close()
     return problems
 
 
+#: The float8 output's contract (docs/ops.md): ``out = fp8(y / s)`` rounded to nearest even,
+#: saturating. The kernel's ``y / s`` is computed in fp32, the reference's ``v`` in float64;
+#: each code must be the rounding of a value within ``FP8_REL * |v| + FP8_ABS * fp8_max``
+#: of ``v`` (so bit-exact, except where ``v`` lies that close to a rounding midpoint: fp32
+#: sums of squares and products land on either side there), and a dynamic scale within
+#: ``FP8_REL`` of ``max(amax|y_t|, 2**-40) / fp8_max``.
+FP8_REL, FP8_ABS = 2.0**-16, 2.0**-20
+FP8_TINY = 2.0**-40
+
+
+def fp8_round(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``v`` (float64) rounded to nearest even in ``dtype``, saturating, as float64."""
+    top = torch.finfo(dtype).max
+    return v.clamp(-top, top).to(dtype).double()
+
+
+def compare_fp8(out: torch.Tensor, y: torch.Tensor, quant: dict, what: str, rounding=fp8_round) -> list[str]:
+    """Problems of the float8 ``out`` against the float64 normed rows ``y``, quantized with the
+    static ``quant["scale"]`` or the per-row ``quant["scales_out"]`` the call returned (its
+    own scales checked against ``y``'s amax)."""
+    dtype, top = out.dtype, torch.finfo(out.dtype).max
+    got, y = out.detach().cpu().double(), y.detach().cpu().double()
+    problems = []
+    if "scale" in quant:
+        scales = quant["scale"].detach().cpu().double().reshape(1, 1)
+    else:
+        scales = quant["scales_out"].detach().cpu().double()[:, None]
+        want = y.abs().amax(-1, keepdim=True).clamp_min(FP8_TINY) / top
+        bad = ~((scales - want).abs() <= FP8_REL * want)
+        if bad.any():
+            problems.append(
+                f"{what} scales_out: {int(bad.sum())} of {want.numel()} off by more than {FP8_REL:.3g} "
+                f"relative: got {scales[bad][:4].tolist()} want {want[bad][:4].tolist()}"
+            )
+    v = y / scales
+    band = FP8_REL * v.abs() + FP8_ABS * top
+    low, high, nearest = rounding(v - band, dtype), rounding(v + band, dtype), rounding(v, dtype)
+    bad = ~((low <= got) & (got <= high))  # NaN too
+    if bad.any():
+        idx = bad.nonzero()[:4].tolist()
+        problems.append(
+            f"{what} out ({dtype_name(dtype)}): {int(bad.sum())} of {got.numel()} codes are not the "
+            f"rounding of y / scale; first {idx}: got {got[bad][:4].tolist()} want "
+            f"{nearest[bad][:4].tolist()} (y / scale = {v[bad][:4].tolist()})"
+        )
+    return problems
+
+
 def compare(got: torch.Tensor, want: torch.Tensor, what: str) -> list[str]:
-    """``[]`` when ``|got - want| <= TOL * max|want|`` everywhere, else the worst elements."""
-    atol = TOL[got.dtype] * max(want.abs().max().item(), 1e-3)
+    """``[]`` when ``|got - want| <= TOL * max|want|`` everywhere (the largest finite
+    ``|want|``; infinities must match exactly), else the worst elements."""
+    tol = TOL[got.dtype]
     got, want = got.detach().cpu().double(), want.detach().cpu().double()
+    finite = want[want.isfinite()]
+    atol = tol * max(finite.abs().max().item() if finite.numel() else 0.0, 1e-3)
     if got.shape != want.shape:
         return [f"{what}: shape {list(got.shape)} != {list(want.shape)}"]
-    err = (got - want).abs()
+    err = torch.where(got == want, 0.0, (got - want).abs())
     bad = ~(err <= atol)  # NaN too
     if not bad.any():
         return []
@@ -371,6 +508,7 @@ def test_bad_arguments_raise_clear_errors():
 
     op = iris.ops.all_reduce_rmsnorm
     x, w, big = torch.zeros(4, 8), torch.ones(8), torch.zeros(4, 16)
+    q, one = torch.empty(4, 8, dtype=E4M3), torch.ones(1)
     cases = [
         (TypeError, "out must be a torch.Tensor", (None, x, w), {}),
         (TypeError, "inp must be a torch.Tensor", (x.clone(), [1.0], w), {}),
@@ -401,7 +539,19 @@ def test_bad_arguments_raise_clear_errors():
         ),
         (ValueError, "out overlaps residual_out", (x, torch.zeros(4, 8), w), dict(residual_out=x)),
         (TypeError, "config must be an iris.ops.AllReduceRMSNormConfig", (x.clone(), x, w), dict(config=1)),
-    ]
+        # a float8 out and its scales
+        (ValueError, "a float8 out needs exactly one of scale=", (q, x, w), {}),
+        (ValueError, "; got both", (q, x, w), dict(scale=one, scales_out=torch.ones(4))),
+        (ValueError, "scale is for a float8 out", (x.clone(), x, w), dict(scale=one)),
+        (ValueError, "scales_out is for a float8 out", (x.clone(), x, w), dict(scales_out=torch.ones(4))),
+        (TypeError, "scale has dtype torch.float64; scales are float32", (q, x, w), dict(scale=one.double())),
+        (ValueError, "scale has shape [2]; expected one element", (q, x, w), dict(scale=torch.ones(2))),
+        (ValueError, "scales_out is torch.float32 [3]; expected torch.float32 [4]", (q, x, w),
+         dict(scales_out=torch.ones(3))),
+        (ValueError, "scales_out overlaps inp", (q, x, w), dict(scales_out=x[:, 0])),
+        (TypeError, "out has dtype torch.float8_e4m3fn but inp has torch.float32", (x.clone(), q.float(), w),
+         dict(residual=x, residual_out=q)),
+    ]  # fmt: skip
     for exc, text, args, kwargs in cases:
         with pytest.raises(exc, match=text.replace("[", r"\[").replace("]", r"\]")):
             op(*args, **kwargs)

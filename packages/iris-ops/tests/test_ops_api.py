@@ -124,6 +124,24 @@ def errors_body(rank, world_size):
         bad, TypeError, "workspace must be an iris.ops.Workspace", ar, torch.empty(8, 5), a, b, workspace=1
     )
     _expect(bad, TypeError, "group must be", ar, torch.empty(8, 5), a, b, group="world")
+    # float8 operands: both float8, a bf16/fp32 out and a bias of out's dtype, the scales
+    a8, b8, bf = a.to(torch.float8_e4m3fn), b.to(torch.float8_e5m2), torch.empty(8, 5, dtype=torch.bfloat16)
+    one = torch.ones(1)
+    _expect(bad, TypeError, "scale_a scales float8 inputs only", ar, torch.empty(8, 5), a, b, scale_a=one)
+    _expect(bad, TypeError, "b must be float8 too", ar, bf, a8, b.bfloat16())
+    _expect(bad, TypeError, "out has dtype torch.float16; the product of float8", ar, bf.half(), a8, b8)
+    bias32 = torch.zeros(5)
+    _expect(bad, TypeError, "bias has dtype torch.float32 but out has torch.bfloat16", ar, bf, a8, b8, bias32)
+    wrong_rows, wrong_cols = torch.ones(1, 8), torch.ones(5, 1)
+    rows_text, cols_text = (
+        "scale_a has shape [1, 8]; expected one element or [8, 1]",
+        "expected one element or [1, 5]",
+    )
+    _expect(bad, ValueError, rows_text, ar, bf, a8, b8, scale_a=wrong_rows)
+    _expect(bad, ValueError, "scale_b has shape [5, 1]; " + cols_text, ar, bf, a8, b8, scale_b=wrong_cols)
+    _expect(bad, TypeError, "scale_b has dtype torch.float64", ar, bf, a8, b8, scale_b=one.double())
+    shard_rows = torch.ones(9, 1)  # all_gather_matmul: one per row of a_shard
+    _expect(bad, ValueError, "scale_a has shape [9, 1]", ag, bf.repeat(g, 1), a8, b8, scale_a=shard_rows)
     _expect(bad, ValueError, "gather_dim must be 0", ag, torch.empty(8 * g, 5), a, b, gather_dim=2)
     _expect(bad, ValueError, "b's rows must equal", ag, torch.empty(8, 5), a, b[:5], gather_dim=1)
     _expect(bad, ValueError, f"expected [{8 * g}, 5]", mag, torch.empty(8 * g + 1, 5), a, b)
@@ -171,6 +189,80 @@ def degenerate_body(rank, world_size):
 
 def test_empty_and_k0_problems():
     assert_clean(run_world(degenerate_body, 2, timeout=120), 1)
+
+
+def aborted_body(rank, world_size):
+    """Every rank aborts its heap; then each op given one tensor of that heap (in each
+    argument position) must refuse it with AbortedError naming the argument and the heap's
+    reason, before anything runs, and leave the heap's tensors unwritten. Plain outputs of
+    the fused GEMM ops and of the ll form stage nothing on the caller's heap, so without the
+    check they ran on the aborted heap's inputs."""
+    import iris.mem
+    import iris.ops
+
+    g = world_size
+    heap = iris.mem.init(1 << 22)
+    on_heap = {
+        "a": heap.full((8, 6), 1.0), "b": heap.full((6, 5), 1.0), "bias": heap.zeros(5),
+        "out": heap.full((8, 5), 7.0), "inp": heap.ones(3, 5), "weight": heap.ones(5),
+        "residual": heap.ones(3, 5), "residual_out": heap.full((3, 5), 7.0),
+        "normed": heap.full((3, 5), 7.0), "scale": heap.ones(1), "scales_out": heap.full((3,), 7.0),
+    }  # fmt: skip
+    before = {name: t.clone() for name, t in on_heap.items()}
+    heap.abort("the trainer gave up")
+    plain = {
+        "a": torch.ones(8, 6), "b": torch.ones(6, 5), "bias": None, "out": torch.empty(8, 5),
+        "inp": torch.ones(3, 5), "weight": torch.ones(5), "residual": torch.ones(3, 5),
+        "residual_out": torch.empty(3, 5), "normed": torch.empty(3, 5),
+    }  # fmt: skip
+    rows = {"matmul_all_reduce": 8, "all_gather_matmul": 8 * g, "matmul_all_gather": 8 * g}
+    calls = {}
+    for op in (*rows, "matmul_reduce_scatter"):
+        out_rows = rows.get(op, 8 // g)
+        for name in ("a", "b", "bias") + (("out",) if out_rows == 8 else ()):  # out: the heap's is 8 x 5
+            args = {**plain, "out": torch.empty(out_rows, 5), name: on_heap[name]}
+            a_name = "a_shard" if op == "all_gather_matmul" else "a"
+            call = {"out": args["out"], a_name: args["a"], "b": args["b"], "bias": args["bias"]}
+            label = a_name if name == "a" else name
+            calls[f"{op}({label} on the heap)"] = (getattr(iris.ops, op), call, label)
+    for name in ("inp", "weight", "residual", "residual_out", "normed"):
+        args = {**plain, name: on_heap[name]}
+        call = {
+            "out": args["normed"], "inp": args["inp"], "weight": args["weight"], "residual": args["residual"],
+            "residual_out": args["residual_out"], "config": iris.ops.AllReduceRMSNormConfig(form="ll"),
+        }  # fmt: skip
+        label = "out" if name == "normed" else name
+        calls[f"all_reduce_rmsnorm({label} on the heap)"] = (iris.ops.all_reduce_rmsnorm, call, label)
+    # float8: a GEMM's scale, all_reduce_rmsnorm's per-row scales
+    a8, b8 = torch.ones(8, 6, dtype=torch.float8_e4m3fn), torch.ones(6, 5, dtype=torch.float8_e4m3fn)
+    call = {"out": torch.empty(8, 5), "a": a8, "b": b8, "scale_a": on_heap["scale"]}
+    calls["matmul_all_reduce(scale_a on the heap)"] = (iris.ops.matmul_all_reduce, call, "scale_a")
+    q = torch.empty(3, 5, dtype=torch.float8_e4m3fn)
+    call = {"out": q, "inp": plain["inp"], "weight": plain["weight"], "scales_out": on_heap["scales_out"]}
+    calls["all_reduce_rmsnorm(scales_out on the heap)"] = (iris.ops.all_reduce_rmsnorm, call, "scales_out")
+    bad = []
+    for what, (fn, kwargs, name) in calls.items():
+        try:
+            fn(**kwargs)
+        except iris.mem.AbortedError as e:
+            if "the trainer gave up" not in str(e) or f": {name} (" not in str(e):
+                bad.append(f"{what}: AbortedError without the argument or the reason: {e}")
+        except Exception as e:  # noqa: BLE001 - reported
+            bad.append(f"{what}: {type(e).__name__}: {e}")
+        else:
+            bad.append(f"{what}: no error")
+    for name, t in on_heap.items():
+        if not torch.equal(t, before[name]):
+            bad.append(f"a refused call wrote the aborted heap's {name}")
+    heap.close()
+    iris.ops.release_workspaces()
+    return {"bad": bad, "cases": len(calls)}
+
+
+def test_aborted_heap_tensors_are_refused():
+    """heap.abort() is enforced by every fused op and all_reduce_rmsnorm (issue: they ran on
+    an aborted heap's tensors where they stage nothing on it)."""
+    assert_clean(run_world(aborted_body, 2, timeout=120), 4 + 3 * 3 + 5 + 2)
 
 
 def absent_body(rank, world_size):

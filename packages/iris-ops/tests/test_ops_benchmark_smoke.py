@@ -63,6 +63,18 @@ def test_bench_ops_smoke_runs_every_op(tmp_path):
 
 @pytest.mark.full
 @pytest.mark.skipif(not BENCH.is_file(), reason=f"{BENCH} not found (not a source checkout)")
+def test_bench_ops_smoke_float8(tmp_path):
+    """--dtype float8_e4m3fn: every op through iris.ops' scale_a / scale_b, checked against
+    torch._scaled_mm + the collective."""
+    _run(["--smoke", "--reps", "1", "--dtype", "float8_e4m3fn", "--out", str(tmp_path)])
+    with open(tmp_path / "results.json") as f:
+        results = json.load(f)
+    assert results["failures"] == [], results["failures"]
+    assert {r["op"] for r in results["rows"]} == OPS and results["meta"]["dtype"] == "float8_e4m3fn"
+
+
+@pytest.mark.full
+@pytest.mark.skipif(not BENCH.is_file(), reason=f"{BENCH} not found (not a source checkout)")
 def test_bench_ops_tune_smoke(tmp_path):
     args = ["--smoke", "--tune", "--ops", "matmul_reduce_scatter", "--shapes", "4x40x24", "--reps", "1"]
     output = _run(args + ["--out", str(tmp_path)])

@@ -7,8 +7,9 @@ finds every module-level ``@triton.jit`` function named ``*_kernel``, and compil
 config table picks on an H200 (bf16 prefill, fp16 decode, fp32 via tf32), with arguments
 specialised the way a launch specialises them (unit strides become constants, other
 integers and pointers 16-divisible). Each compiled kernel must use Hopper's tensor cores
-(``wgmma``), pipeline its K loop (``cp.async`` into several shared-memory stages) and
-signal peers with release/acquire at system scope.
+(``wgmma``; with float8 operands, ``wgmma`` on e4m3/e5m2 operands), pipeline its K loop
+(``cp.async`` into several shared-memory stages) and signal peers with release/acquire at
+system scope.
 
 The kernels of ``all_reduce_rmsnorm`` are not GEMMs: they compile under profiles of their
 own (``NORM_PROFILES``: decode and prefill sizes, 2-4 ranks, rows in one piece or several,
@@ -50,7 +51,15 @@ FIXED = {
     "ready": "*i32",
     "exits": "*i32",
 }
-DATA_POINTERS = {"a", "b", "bias", "out", "ws", "stage"}
+#: Data pointers: A's and B's dtype (the operands; ``ws`` holds A's shards in all_gather_matmul)
+#: and the output's (``ws`` holds partial products in the reducing kernels).
+OPERANDS = {"a": 0, "b": 1}
+OUTPUTS = {"bias", "out", "stage"}
+WS_OF_SHARDS = "iris.ops.all_gather_matmul._all_gather_matmul_kernel"
+#: Float8 scales and the gathered row scales (fp32), and the scales' strides (0 for one scale,
+#: so never assumed 16-divisible).
+SCALE_POINTERS = {"scale_a", "scale_b", "scales"}
+SCALE_STRIDES = {"stride_sa", "stride_sb"}
 #: Integer arguments: sizes and strides a real launch passes as 16-divisible values.
 SCALARS = {
     "M",
@@ -72,6 +81,17 @@ UNIT_STRIDES = {"stride_ak", "stride_bn", "stride_on"}
 
 def _flags(even_k: bool, bias: bool, split_n: bool, gather_k: bool, tma: bool = False) -> dict:
     return {"EVEN_K": even_k, "HAS_BIAS": bias, "SPLIT_N": split_n, "GATHER_K": gather_k, "TMA": tma}
+
+
+def dtypes_of(profile_dtype: str) -> tuple[str, str, str]:
+    """``(A's, B's, the output's)`` Triton dtype of a profile's dtype: ``"bf16"``, or float8
+    operands and their output, ``"fp8e4nv->bf16"`` / ``"fp8e4nv*fp8e5->fp32"``."""
+    operands, _, out = profile_dtype.partition("->")
+    a, _, b = operands.partition("*")
+    return a, b or a, out or a
+
+
+_SCALED = {"SCALE_A": True, "SCALE_B": True}
 
 
 #: Shared memory a program may use on sm_90 (227 KiB, with the opt-in Triton requests).
@@ -111,6 +131,28 @@ PROFILES = [
         },
         True,
     ),
+    # Float8 operands with scales (row and column, or one of them), through TMA.
+    ("e4m3 prefill", "fp8e4nv->bf16", 8192, 8192, {**_flags(True, True, False, False, tma=True), **_SCALED}),
+    (
+        "e4m3 x e5m2 decode",
+        "fp8e4nv*fp8e5->fp32",
+        1,
+        8192,
+        {
+            **_flags(False, False, True, True, tma=True),
+            "SCALE_A": True,
+            "ALL_REDUCE": False,
+            "STREAM_OUT": False,
+        },
+    ),
+    (
+        "e5m2 wide stream",
+        "fp8e5->bf16",
+        512,
+        8192,
+        {**_flags(False, True, True, False, tma=True), **_SCALED},
+        True,
+    ),
 ]
 #: Profiles compiled for one kernel only, on top of PROFILES: all_gather_matmul reading the
 #: gathered A through one tensor descriptor over its workspace, along K and in the decode
@@ -124,6 +166,21 @@ KERNEL_PROFILES = {
             128,
             8192,
             {**_flags(True, True, False, False, tma=True), "COMBINED": True},
+        ),
+        # float8 shards and their row scales gathered: along K (each slice scaled), decode
+        (
+            "e4m3 TMA along K",
+            "fp8e4nv->bf16",
+            8192,
+            8192,
+            {**_flags(True, False, False, True, tma=True), **_SCALED},
+        ),
+        (
+            "e5m2 gathered TMA",
+            "fp8e5->fp32",
+            64,
+            8192,
+            {**_flags(True, True, False, False, tma=True), "COMBINED": True, **_SCALED},
         ),
     ],
 }
@@ -152,14 +209,20 @@ NORM_KERNELS = {
 }
 #: Their parameters besides FIXED's: element pointers (the profile's dtype), other types.
 NORM_DATA = {"inp", "residual", "weight", "out", "residual_out", "gout", "gres", "partials"}
-NORM_TYPES = {"launches": "*i64", "boxes": "*i64", "rs_flags": "*i32", "ag_flags": "*i32", "eps": "fp32"}
+NORM_TYPES = {
+    "launches": "*i64", "boxes": "*i64", "rs_flags": "*i32", "ag_flags": "*i32", "eps": "fp32",
+    "scales": "*fp32", "gscales": "*fp32",
+}  # fmt: skip
+#: The outputs a float8 profile writes in its float8 dtype (the others stay in the input's).
+NORM_FP8_DATA = {"out", "gout"}
 NORM_SCALARS = {
     "T", "H", "stride_i", "stride_r", "stride_o", "stride_ro", "row_lines", "box_stride", "share",
     "part_stride", "stride_go", "stride_gr",
 }  # fmt: skip
-#: (name, dtype, tokens, hidden, constexprs) per form; BLOCK and num_warps come from the
-#: op's own choice for the size on an H200, SINGLE from whether a row fits in BLOCK.
-_NORM_ALL = {"HAS_RES": True, "HAS_RES_OUT": True, "REREAD": False, "PDL": True}
+#: (name, dtype, tokens, hidden, constexprs[, float8 out dtype]) per form; BLOCK and num_warps
+#: come from the op's own choice for the size on an H200, SINGLE from whether a row fits in
+#: BLOCK. ``QUANT``: 1 a static scale, 2 per-row scales (iris.ops._rmsnorm_kernels).
+_NORM_ALL = {"HAS_RES": True, "HAS_RES_OUT": True, "PDL": True}
 _THREE = {"GROUP": 3, "ME": 2, "RANK": 2, "WORLD": 3}
 _FOUR = {"GROUP": 4, "ME": 3, "RANK": 3, "WORLD": 4}
 _VIA_WORKSPACE = {"OUT_IN_PLACE": False, "RES_IN_PLACE": False}
@@ -171,14 +234,39 @@ NORM_PROFILES = {
             "fp16",
             8,
             20000,
-            {**_NORM_ALL, **_THREE, "SPREAD": False, "REREAD": True},
+            {**_NORM_ALL, **_THREE, "SPREAD": False},
         ),
         ("fp32 4 ranks, no PDL", "fp32", 16, 4096, {**_NORM_ALL, **_FOUR, "SPREAD": True, "PDL": False}),
+        ("bf16 -> e4m3, row scales", "bf16", 4, 8192, {**_NORM_ALL, "SPREAD": True, "QUANT": 2}, "fp8e4nv"),
+        (
+            "fp16 -> e5m2, static scale, two passes",
+            "fp16",
+            8,
+            20000,
+            {**_NORM_ALL, **_THREE, "SPREAD": False, "QUANT": 1},
+            "fp8e5",
+        ),
     ],
     "rs_ag": [
         ("bf16 prefill", "bf16", 8192, 8192, {**_NORM_ALL, "OUT_IN_PLACE": True, "RES_IN_PLACE": True}),
         ("fp16 3 ranks, two passes", "fp16", 1000, 20000, {**_NORM_ALL, **_THREE, **_VIA_WORKSPACE}),
         ("fp32 4 ranks, no PDL", "fp32", 4096, 4096, {**_NORM_ALL, **_FOUR, **_VIA_WORKSPACE, "PDL": False}),
+        (
+            "bf16 -> e4m3, per-row scales, two passes",
+            "bf16",
+            1000,
+            20000,
+            {**_NORM_ALL, **_THREE, **_VIA_WORKSPACE, "QUANT": 2},
+            "fp8e4nv",
+        ),
+        (
+            "bf16 -> e5m2, static scale",
+            "bf16",
+            8192,
+            8192,
+            {**_NORM_ALL, "OUT_IN_PLACE": True, "RES_IN_PLACE": True, "QUANT": 1},
+            "fp8e5",
+        ),
     ],
 }
 
@@ -192,21 +280,27 @@ def _unmappable_kernel(context, members, mystery_ptr, M, RANK: tl.constexpr, SEC
 # --------------------------------------------------------------------------- child side
 
 
-def signature_for(fn, dtype: str, constexprs: dict, cfg=None) -> tuple[dict, dict, list[str], list[str]]:
-    """(signature, constexpr values, 16-divisible argument names, unknown names) of ``fn``;
-    with ``constexprs["TMA"]`` descriptors (blocks from ``cfg``) replace A and B pointers."""
+def signature_for(fn, dtype: str, constexprs: dict, cfg=None, qualname: str = "") -> tuple:
+    """(signature, constexpr values, 16-divisible argument names, unknown names) of ``fn``
+    for a profile of ``dtype`` (see :func:`dtypes_of`); with ``constexprs["TMA"]``
+    descriptors (blocks from ``cfg``) replace A and B pointers."""
     sig, values, divisible, unknown = {}, {}, [], []
+    types = dtypes_of(dtype)
     tma = constexprs.get("TMA", False)
     constexprs = {**constexprs, "TMA_A": tma, "TMA_B": tma}
     for p in fn.params:
         name = p.name
+        operand = types[0 if name == "a_desc" else 1]
         if name in DESCRIPTORS and tma:
             rows, cols = (getattr(cfg, f) for f in DESCRIPTORS[name])
-            sig[name] = f"tensordesc<{dtype}[{rows}, {cols}]>"
+            sig[name] = f"tensordesc<{operand}[{rows}, {cols}]>"
             continue
         if name in DESCRIPTORS:  # TMA off: the launcher passes the tensor itself
-            sig[name] = "*" + dtype
+            sig[name] = "*" + operand
             divisible.append(name)
+            continue
+        if name in SCALE_STRIDES:
+            sig[name] = "i32"
             continue
         if p.is_constexpr or name in UNIT_STRIDES:
             sig[name] = "constexpr"
@@ -221,8 +315,12 @@ def signature_for(fn, dtype: str, constexprs: dict, cfg=None) -> tuple[dict, dic
             continue
         if name in FIXED:
             sig[name] = FIXED[name]
-        elif name in DATA_POINTERS:
-            sig[name] = "*" + dtype
+        elif name in OPERANDS or (name == "ws" and qualname == WS_OF_SHARDS):
+            sig[name] = "*" + types[OPERANDS.get(name, 0)]
+        elif name in OUTPUTS or name == "ws":
+            sig[name] = "*" + types[2]
+        elif name in SCALE_POINTERS:
+            sig[name] = "*fp32"
         elif name in SCALARS:
             sig[name] = "i32"
         else:
@@ -257,12 +355,17 @@ def discover() -> tuple[list[tuple[str, object]], list[str]]:
     return sorted(kernels.items()), errors
 
 
-def ptx_problems(ptx: str, block_m: int = 64) -> list[str]:
+def ptx_problems(ptx: str, block_m: int = 64, fp8: bool = False) -> list[str]:
     """What keeps a compiled fused-op kernel off the fast path, from its PTX. Tiles of fewer
-    than 64 rows (a warpgroup's MMA) run on ``mma.sync`` tensor-core instructions instead."""
+    than 64 rows (a warpgroup's MMA) run on ``mma.sync`` tensor-core instructions instead;
+    float8 operands (``fp8``) must reach ``wgmma`` as e4m3/e5m2 (not converted to 16 bits)."""
     problems = []
     if block_m >= 64 and "wgmma.mma_async" not in ptx:
         problems.append("no wgmma.mma_async: the GEMM does not use Hopper's tensor cores")
+    if fp8 and not re.search(r"\bwgmma\.mma_async\S*\.(e4m3|e5m2)\.(e4m3|e5m2)\b", ptx):
+        problems.append(
+            "no wgmma.mma_async on e4m3/e5m2 operands: the float8 GEMM is not on float8 tensor cores"
+        )
     if block_m < 64 and "mma.sync.aligned" not in ptx:
         problems.append("no mma.sync: the GEMM does not use tensor cores")
     if "cp.async" not in ptx:
@@ -295,9 +398,9 @@ def descriptors_without_tma_loads(ptx: str, descriptors: list[str]) -> list[str]
     return [name for name, p in zip(descriptors, params) if not aliases[p] & used]
 
 
-def norm_signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, list[str], list[str]]:
+def norm_signature(fn, dtype: str, constexprs: dict, out_dtype: str | None = None) -> tuple:
     """(signature, constexpr values, 16-divisible argument names, unknown names) of one of
-    all_reduce_rmsnorm's kernels."""
+    all_reduce_rmsnorm's kernels (``out_dtype``: a float8 output's)."""
     sig, values, divisible, unknown = {}, {}, [], []
     for p in fn.params:
         name = p.name
@@ -310,10 +413,11 @@ def norm_signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, list[s
             else:
                 unknown.append(name)
             continue
+        data = out_dtype if out_dtype and name in NORM_FP8_DATA else dtype
         sig[name] = (
             FIXED.get(name)
             or NORM_TYPES.get(name)
-            or ("*" + dtype if name in NORM_DATA else "i32" if name in NORM_SCALARS else None)
+            or ("*" + data if name in NORM_DATA else "i32" if name in NORM_SCALARS else None)
         )
         if sig[name] is None:
             unknown.append(name)
@@ -322,9 +426,17 @@ def norm_signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict, list[s
     return sig, values, divisible, unknown
 
 
-def norm_ptx_problems(ptx: str, form: str, pdl: bool) -> list[str]:
-    """What keeps a compiled all_reduce_rmsnorm kernel off its fast path, from its PTX."""
+def norm_ptx_problems(ptx: str, form: str, pdl: bool, fp8: str | None = None) -> list[str]:
+    """What keeps a compiled all_reduce_rmsnorm kernel off its fast path, from its PTX; with
+    ``fp8`` (Triton's float8 type of ``out``) also what makes its quantization wrong: no
+    hardware conversion rounding to nearest with saturation, or an approximate division."""
     problems = []
+    if fp8 is not None:
+        fmt = {"fp8e4nv": "e4m3", "fp8e5": "e5m2"}[fp8]
+        if not re.search(rf"\bcvt\.rn\.satfinite\.{fmt}x2\.f32\b", ptx):
+            problems.append(f"no cvt.rn.satfinite.{fmt}x2.f32: out is not rounded to nearest with saturation")
+        if not re.search(r"\bdiv\.rn\.f32\b", ptx):
+            problems.append("no div.rn.f32: y / scale is not an IEEE division")
     stores = [ln.strip() for ln in ptx.splitlines() if re.search(r"\bst\.global\.", ln)]
     if form == "ll":
         if not any(".v2.b64" in ln for ln in stores):
@@ -372,19 +484,22 @@ def compile_norm(qualname: str, fn) -> list[str]:
 
     form = NORM_KERNELS[qualname]
     failures = []
-    for label, dtype, tokens, hidden, extra in NORM_PROFILES[form]:
+    for label, dtype, tokens, hidden, extra, *fp8 in NORM_PROFILES[form]:
+        out_dtype = fp8[0] if fp8 else None
         itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
         cfg = resolve(None, tokens, hidden, itemsize, extra.get("GROUP", COMMON["GROUP"]), False)
         constexprs = {
             **COMMON, "HINT": 16, **extra, "BLOCK": cfg.block, "SINGLE": hidden <= cfg.block,
             "PIECE": piece_elements(cfg, itemsize),
         }  # fmt: skip
-        sig, values, divisible, unknown = norm_signature(fn, dtype, constexprs)
+        sig, values, divisible, unknown = norm_signature(fn, dtype, constexprs, out_dtype)
         if unknown:
             return [f"{qualname}: parameters {unknown} are not in test_ops_compile's NORM_ tables"]
         names = list(fn.arg_names)
         attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
         what = f"{qualname} ({label}, block {cfg.block}, {cfg.num_warps} warps)"
+        if out_dtype:
+            what = what[:-1] + f", out {out_dtype})"
         try:
             k = triton.compile(
                 ASTSource(fn, sig, constexprs=values, attrs=attrs),
@@ -396,7 +511,8 @@ def compile_norm(qualname: str, fn) -> list[str]:
             continue
         if not k.asm.get("cubin"):
             failures.append(f"{what}: no cubin")
-        failures += [f"{what}: {p}" for p in norm_ptx_problems(k.asm["ptx"], form, values.get("PDL", False))]
+        problems = norm_ptx_problems(k.asm["ptx"], form, values.get("PDL", False), out_dtype)
+        failures += [f"{what}: {p}" for p in problems]
         if k.metadata.shared > MAX_SHARED:
             failures.append(f"{what}: {k.metadata.shared} bytes of shared memory, over {MAX_SHARED}")
     return failures
@@ -420,7 +536,10 @@ def child_main() -> dict:
 
     from iris.ops.config import select
 
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    dtypes = {
+        "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8e4nv": torch.float8_e4m3fn,
+        "fp8e5": torch.float8_e5m2,
+    }  # fmt: skip
     kernels, failures = discover()
     compiled: dict[str, int] = {}
     for qualname, fn in kernels:
@@ -431,12 +550,13 @@ def child_main() -> dict:
             compiled[qualname] = len(NORM_PROFILES[NORM_KERNELS[qualname]])
             continue
         for label, dtype, rows, cols, extra, *wide in PROFILES + KERNEL_PROFILES.get(qualname, []):
-            cfg = select(rows, cols, dtypes[dtype], SMS, False, None, wide=bool(wide))
+            a_type = dtypes_of(dtype)[0]
+            cfg = select(rows, cols, dtypes[a_type], SMS, False, None, wide=bool(wide))
             constexprs = {
                 **COMMON, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                 "GROUP_M": cfg.group_m,
             }  # fmt: skip
-            sig, values, divisible, unknown = signature_for(fn, dtype, constexprs, cfg)
+            sig, values, divisible, unknown = signature_for(fn, dtype, constexprs, cfg, qualname)
             if unknown:
                 failures.append(f"{qualname}: parameters {unknown} are not in test_ops_compile's tables")
                 break
@@ -455,13 +575,14 @@ def child_main() -> dict:
                 continue
             if not k.asm.get("cubin"):
                 failures.append(f"{what}: no cubin")
-            failures += [f"{what}: {p}" for p in ptx_problems(k.asm["ptx"], cfg.block_m)]
+            fp8 = a_type.startswith("fp8")
+            failures += [f"{what}: {p}" for p in ptx_problems(k.asm["ptx"], cfg.block_m, fp8)]
             if tma and "cp.async.bulk.tensor" not in k.asm["ptx"]:
                 failures.append(f"{what}: no cp.async.bulk.tensor although operands are tensor descriptors")
             descriptors = [name for name, kind in sig.items() if kind.startswith("tensordesc")]
             for name in descriptors_without_tma_loads(k.asm["ptx"], descriptors):
                 failures.append(f"{what}: {name} is a tensor descriptor but no cp.async.bulk.tensor reads it")
-            itemsize = 4 if dtype == "fp32" else 2
+            itemsize = {"fp32": 4, "fp8e4nv": 1, "fp8e5": 1}.get(a_type, 2)
             stage = (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
             if k.metadata.shared < 2 * stage:
                 failures.append(
@@ -555,6 +676,10 @@ def test_ptx_checks_catch_a_slow_kernel():
     small = ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] + good[1:]
     assert ptx_problems("\n".join(small), block_m=16) == []
     assert len(ptx_problems("\n".join(small))) == 1  # 64-row tiles must use wgmma
+    # float8 operands converted to 16 bits before a bf16 wgmma: not on float8 tensor cores
+    assert len(ptx_problems("\n".join(good), fp8=True)) == 1
+    fp8 = ["wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2"] + good[1:]
+    assert ptx_problems("\n".join(fp8), fp8=True) == []
 
 
 def test_descriptor_check_catches_an_operand_read_with_pointers():
@@ -593,3 +718,8 @@ def test_norm_ptx_checks_catch_a_slow_kernel():
     good_ll = ["st.global.v2.b64 [%rd1], {%rd2, %rd3};", "ld.volatile.global.b64 %rd4, [%rd5];"]
     assert norm_ptx_problems("\n".join(good_ll), "ll", False) == []
     assert len(norm_ptx_problems("\n".join(early + good_ll), "ll", True)) == 1
+    # a float8 out without the saturating conversion or with an approximate division
+    assert len(norm_ptx_problems("\n".join(good_ll), "ll", False, "fp8e4nv")) == 2
+    quantized = good_ll + ["cvt.rn.satfinite.e4m3x2.f32 %rs1, %f2, %f1;", "div.rn.f32 %f3, %f4, %f5;"]
+    assert norm_ptx_problems("\n".join(quantized), "ll", False, "fp8e4nv") == []
+    assert len(norm_ptx_problems("\n".join(quantized), "ll", False, "fp8e5")) == 1

@@ -22,6 +22,9 @@ from iris.mem.testing import run_world
 
 BACKEND = os.environ.get("IRIS_BACKEND", "cpu")
 WORLD_TIMEOUT = 300.0
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: What torch.library.opcheck checks (its default).
+OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 OPS = (
     "matmul_all_reduce",
     "all_gather_matmul",
@@ -79,6 +82,30 @@ def _functional(a, b, bias, shard, group_name: str) -> list[torch.Tensor]:
     ]
 
 
+def _public_fp8(a8, b8, scale_a, scale_b, x, norm, group) -> list[torch.Tensor]:
+    """The float8 forms: a fused GEMM with float8 operands and scales (bf16 out), and
+    all_reduce_rmsnorm quantizing its output with per-row scales."""
+    import iris.ops
+
+    out = torch.empty(a8.shape[0], b8.shape[1], dtype=torch.bfloat16, device=a8.device)
+    iris.ops.matmul_all_reduce(out, a8, b8, scale_a=scale_a, scale_b=scale_b, group=group)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(x.shape[0], device=x.device)
+    iris.ops.all_reduce_rmsnorm(q, x, norm, 1e-5, scales_out=scales, group=group)
+    return [out, q.float(), scales]
+
+
+def _fp8_operands(a, b):
+    """Float8 copies of ``a`` and ``b`` with a per-row scale for ``a`` and one for ``b``."""
+    scale_a = torch.linspace(0.5, 1.5, a.shape[0], device=a.device).view(-1, 1)
+    return (
+        a.to(torch.float8_e4m3fn),
+        b.to(torch.float8_e4m3fn),
+        scale_a,
+        torch.full((1,), 0.75, device=a.device),
+    )
+
+
 def _graph_ops(counter) -> set[str]:
     names = set()
     for gm in counter.graphs:
@@ -131,6 +158,15 @@ def _body_compile(rank: int, world_size: int, backend: str) -> list[str]:
     full = (a @ b).clone()
     dist.all_reduce(full, group=group)
     problems += _compare([full + bias], [eager[0]], "matmul_all_reduce vs torch")
+
+    if world_size == 1:  # the float8 forms; in worlds: test_ops_paths, test_ops_all_reduce_rmsnorm
+        counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+        fn = torch.compile(_public_fp8, fullgraph=True, backend=counter)
+        args = (*_fp8_operands(a, b), a @ b, bias, group)
+        problems += _compare(_public_fp8(*args), fn(*args), "float8")
+        missing = {"matmul_all_reduce", "all_reduce_rmsnorm_quantized"} - _graph_ops(counter)
+        if counter.frame_count != 1 or missing:
+            problems.append(f"float8: {counter.frame_count} frames; ops not in the graph: {sorted(missing)}")
     return problems
 
 
@@ -197,10 +233,43 @@ def _body_opcheck(rank: int, world_size: int) -> tuple:
         "matmul_reduce_scatter": (a, b, None, 1, "", ""),
         "all_reduce_rmsnorm": (x, bias, 1e-5, x.clone(), "", ""),
     }
+    a8, b8, scale_a, scale_b = _fp8_operands(a, b)
+    e4m3 = torch.float8_e4m3fn
+    cases |= {
+        "matmul_all_reduce_ (float8)": (
+            torch.empty(2, 24, dtype=torch.bfloat16),
+            a8,
+            b8,
+            None,
+            "",
+            "",
+            scale_a,
+            scale_b,
+        ),
+        "matmul_reduce_scatter (float8)": (a8, b8, None, 1, "", "", None, scale_b, torch.float32),
+        "all_reduce_rmsnorm_ (float8)": (
+            torch.empty(2, 24, dtype=e4m3),
+            x,
+            bias,
+            1e-5,
+            None,
+            None,
+            "",
+            "",
+            None,
+            torch.empty(2),
+        ),
+        "all_reduce_rmsnorm_quantized": (x, bias, 1e-5, None, "", "", e4m3, torch.full((1,), 0.01)),
+        "all_reduce_rmsnorm_quantized (per row)": (x, bias, 1e-5, x.clone(), "", "", torch.float8_e5m2, None),
+    }
     problems = []
     for name, args in cases.items():
         try:
-            torch.library.opcheck(getattr(ops, name).default, args)
+            # torch's schema check compares float8 inputs with a multiplication the CPU lacks
+            # for float8 ("mul_cpu_reduced_float"): every other check for those.
+            skip = ("test_schema",) if any(getattr(t, "dtype", None) in FP8 for t in args) else ()
+            tests = tuple(t for t in OPCHECKS if t not in skip)
+            torch.library.opcheck(getattr(ops, name.split()[0]).default, args, test_utils=tests)
         except Exception as e:
             problems.append(f"opcheck {name}: {type(e).__name__}: {e}")
     with FakeTensorMode() as mode:
@@ -211,6 +280,15 @@ def _body_opcheck(rank: int, world_size: int) -> tuple:
             "matmul_reduce_scatter": ops.matmul_reduce_scatter(fa, fb, None, 1, "").shape,
             "all_reduce_rmsnorm": ops.all_reduce_rmsnorm(fa, fb[0, :8], 1e-6, None, "")[1].shape,
         }
+        f8a, f8b = mode.from_tensor(a8), mode.from_tensor(b8)
+        fp8_out = ops.matmul_all_reduce(f8a, f8b, None, "", "", None, None, torch.bfloat16)
+        if (tuple(fp8_out.shape), fp8_out.dtype) != ((2, 24), torch.bfloat16):
+            problems.append(f"fake matmul_all_reduce (float8): {tuple(fp8_out.shape)} {fp8_out.dtype}")
+        q, summed, scales = ops.all_reduce_rmsnorm_quantized(fa, fb[0, :8], 1e-6, None, "", "", e4m3)
+        if (q.dtype, summed.dtype, tuple(scales.shape)) != (e4m3, torch.float32, (6,)):
+            problems.append(
+                f"fake all_reduce_rmsnorm_quantized: {q.dtype} {summed.dtype} {tuple(scales.shape)}"
+            )
     expected = {
         "matmul_all_reduce": (6, 16), "all_gather_matmul": (6, 16), "matmul_reduce_scatter": (6, 16),
         "all_reduce_rmsnorm": (6, 8),

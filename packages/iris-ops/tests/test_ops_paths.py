@@ -20,6 +20,7 @@ import pytest
 import torch
 from ops_testutils import (
     assert_clean,
+    device,
     dtype_name,
     gathered,
     make_out,
@@ -172,6 +173,148 @@ def test_both_paths_match_torch_on_gpus(world_size):
     paths = ("composed", "fused")
     results = run_world(paths_body, world_size, paths, True, timeout=WORLD_TIMEOUT)
     assert_clean(results, len(_cases(world_size, paths, True)))
+
+
+# ---------------------------------------------------------------------------- float8 inputs
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+#: Error allowed for float8 inputs, relative to the magnitude of the terms summed into each
+#: element (sum of |a_ik scale_a_i| |b_kj scale_b_j| over k and the ranks, + |bias|;
+#: docs/ops.md): the products of float8 values are exact in fp32 and summed in fp32; a bf16
+#: output (and the bf16 partials the reducing ops exchange) rounds twice (half a unit in the
+#: last place each compiled, a whole unit in Triton's interpreter, which truncates to bf16).
+FP8_EPS = {torch.bfloat16: 2.0**-7, torch.float32: 2.0**-16}
+
+
+def _fp8_operand(shape, dtype, case, which, rank):
+    """Uniform values in [-8, 8) rounded to ``dtype`` (float8)."""
+    return (rand(shape, torch.float32, seed(rank, case, which)) * 8).to(dtype)
+
+
+def _fp8_scale(kind: str, length: int, row: bool, case: int, rank: int):
+    """A scale: ``"tensor"`` one element, ``"row"`` ``[length, 1]`` (or ``[1, length]`` when not
+    ``row``) in [0.25, 1.25), ``"none"`` None."""
+    if kind == "none":
+        return None
+    if kind == "tensor":
+        return torch.full((1,), 0.375 + 0.25 * rank, device=device())
+    values = rand((length,), torch.float32, seed(rank, case, 7 if row else 8)) * 0.5 + 0.75
+    return values.view(length, 1) if row else values.view(1, length)
+
+
+def fp8_case(
+    rank, world_size, case, heap, op, path, dtypes, scales, out_dtype, out_kind, bias, extra=0, rows=13
+):  # fmt: skip
+    """One call of ``op`` with float8 operands of ``dtypes`` and scales of kinds ``scales``,
+    against the float64 dequantized reference and the torch.distributed collective; M is
+    ``rows`` per rank."""
+    import iris.ops
+
+    m, n, k = (world_size * rows, world_size * 11, world_size * 7)  # odd: no block multiple
+    what = f"{op} path={path} {[dtype_name(d) for d in dtypes]} scales={scales} -> {dtype_name(out_dtype)}"
+    what += f" out={out_kind} bias={bias} extra={extra} rows={rows}"
+    a, b, out_shape = _operands(op, m, n, k, world_size, extra, torch.float32, rank, case)
+    a, b = _fp8_operand(a.shape, dtypes[0], case, 0, rank), _fp8_operand(b.shape, dtypes[1], case, 1, rank)
+    scale_a = _fp8_scale(scales[0], a.shape[0], True, case, rank)
+    scale_b = _fp8_scale(scales[1], b.shape[1], False, case, rank)
+    bias_t = rand((n,), out_dtype, seed(0, case, 2)) if bias else None
+    out = make_out(out_kind, out_shape, out_dtype, heap)
+    kw = {"config": iris.ops.Config(path=path), "scale_a": scale_a, "scale_b": scale_b}
+    if op == "all_gather_matmul":
+        kw["gather_dim"] = extra
+    elif op == "matmul_reduce_scatter":
+        kw["scatter_dim"] = extra
+    getattr(iris.ops, op)(out, a, b, bias_t, **kw)
+    a64 = a.double() * (scale_a.double() if scale_a is not None else 1.0)
+    b64 = b.double() * (scale_b.double() if scale_b is not None else 1.0)
+    want = _reference(op, a64, b64, bias_t, extra, world_size)
+    # each element's magnitude: the same op on the absolute values
+    bias_abs = bias_t.abs() if bias else None
+    magnitude = _reference(op, a64.abs(), b64.abs(), bias_abs, extra, world_size)
+    problem = _fp8_mismatch(out, want, magnitude, what)
+    # Negative controls: the check catches a scale left out, on either side.
+    for name, scale, wrong in (
+        ("scale_a", scale_a, (a.double(), b64)),
+        ("scale_b", scale_b, (a64, b.double())),
+    ):
+        if scale is not None:
+            unscaled = _reference(op, *wrong, bias_t, extra, world_size)
+            if _fp8_mismatch(out, unscaled, magnitude, what) is None:
+                problem = (problem or "") + f" {what}: negative control: a reference without {name} passed"
+    return [problem] if problem else []
+
+
+def _fp8_mismatch(out, want, magnitude, what: str) -> str | None:
+    """None when ``|out - want| <= FP8_EPS * magnitude`` everywhere, else the worst elements."""
+    got, want, magnitude = out.detach().cpu().double(), want.cpu(), magnitude.cpu()
+    err = (got - want).abs()
+    bad = ~(err <= FP8_EPS[out.dtype] * magnitude)  # NaN too
+    if not bad.any():
+        return None
+    return (
+        f"{what}: {int(bad.sum())} of {got.numel()} elements off by more than {FP8_EPS[out.dtype]:.3g} x the "
+        f"magnitude of their terms; got {got[bad][:4].tolist()} want {want[bad][:4].tolist()}"
+    )
+
+
+def _fp8_cases(world: int) -> list[dict]:
+    """Every op on both paths with float8 inputs: both formats (and one of each), every kind
+    of scale on each side, bf16 and fp32 outputs, outputs plain, strided and on a heap, both
+    layouts of the gathering and scattering ops, with and without bias."""
+    kinds = [("tensor", "tensor"), ("row", "row"), ("row", "tensor"), ("none", "row")]
+    dtypes = [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2), (E4M3, E4M3)]
+    outs = ["heap", "plain", "strided", "plain"]
+    cases = []
+    for i, op in enumerate(OPS):
+        for p, path in enumerate(("fused", "composed")):
+            j = (i + p) % 4
+            layered = op in ("all_gather_matmul", "matmul_reduce_scatter")
+            cases.append(
+                dict(
+                    op=op, path=path, dtypes=dtypes[j], scales=kinds[(i + 2 * p) % 4],
+                    out_dtype=(torch.bfloat16, torch.float32)[j % 2], out_kind=outs[j], bias=j % 2 == 0,
+                    extra=p if layered else 0,
+                )
+            )  # fmt: skip
+    # all_gather_matmul's shards carrying their scales along K (each slice scaled) on both
+    # paths, and in the decode layout (every gathered row in one tile: the whole shard and
+    # its scales pushed at once); matmul_reduce_scatter's fused kernel split along N.
+    common = dict(out_dtype=torch.bfloat16, out_kind="plain", bias=True, dtypes=(E4M3, E4M3))
+    cases += [
+        dict(op="all_gather_matmul", path="fused", scales=("tensor", "row"), extra=1, **common),
+        dict(op="all_gather_matmul", path="composed", scales=("row", "tensor"), extra=1, **common),
+        dict(op="all_gather_matmul", path="fused", scales=("row", "row"), extra=0, rows=4, **common),
+        dict(op="matmul_reduce_scatter", path="fused", scales=("row", "row"), extra=1, **common),
+    ]
+    return cases
+
+
+def fp8_body(rank, world_size):
+    def one(rank, world_size, i, heap, **case):
+        return fp8_case(rank, world_size, i, heap, **case)
+
+    return run_cases(one, rank, world_size, _fp8_cases(world_size))
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_fp8_inputs_match_the_dequantized_product(world_size):
+    """Float8 ``a`` and ``b`` with ``scale_a`` / ``scale_b`` on both paths of every op, against
+    ``(a * scale_a) @ (b * scale_b)`` in float64 and the torch.distributed collective."""
+    require_world(world_size)
+    assert_clean(run_world(fp8_body, world_size, timeout=WORLD_TIMEOUT), len(_fp8_cases(world_size)))
+
+
+def test_fp8_cases_cover_every_kind():
+    cases = _fp8_cases(3)
+    for op in OPS:
+        mine = [c for c in cases if c["op"] == op]
+        assert {c["path"] for c in mine} == {"fused", "composed"}
+    assert {c["dtypes"] for c in cases} >= {(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)}
+    assert {c["scales"][0] for c in cases} == {"tensor", "row", "none"}
+    assert {c["scales"][1] for c in cases} == {"tensor", "row"}
+    assert {c["out_dtype"] for c in cases} == {torch.bfloat16, torch.float32}
+    for op in ("all_gather_matmul", "matmul_reduce_scatter"):
+        assert {c["extra"] for c in cases if c["op"] == op} == {0, 1}
 
 
 def test_config_path_is_validated():

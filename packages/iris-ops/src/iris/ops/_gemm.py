@@ -2,8 +2,12 @@
 
 A fused op's kernel is persistent: ``P`` programs (about one per SM) walk a list of output
 tiles. For each tile it calls :func:`matmul_tile`, which accumulates ``A[rows, :] @ B[:, cols]``
-over the K dimension in fp32 (``tl.dot``: tensor cores for bf16/fp16, tf32 for fp32
-inputs; ``wgmma`` on Hopper), software-pipelined ``num_stages`` deep. Tiles are visited in
+over the K dimension in fp32 (``tl.dot``: tensor cores for bf16/fp16 and float8, tf32 for
+fp32 inputs; ``wgmma`` on Hopper, with e4m3/e5m2 operands for float8), software-pipelined
+``num_stages`` deep. Float8 operands carry scales (``value = fp8 x scale``, per tensor or per
+row of A / column of B, as ``torch._scaled_mm`` takes them), applied to the fp32 product of a
+tile (:func:`scale_rows`, :func:`scale_cols`): exact products of float8 values summed in
+fp32, then two multiplications. Tiles are visited in
 grouped order (:func:`grouped_tile`: ``GROUP_M`` rows of tiles at a time, so the programs
 running together share A rows and B columns in L2).
 
@@ -204,6 +208,28 @@ def tile_offsets(
     offs = rows[:, None] * stride_m + cols[None, :] * stride_n
     mask = (row0 + rows < m_valid)[:, None] & (col0 + cols < n_valid)[None, :]
     return origin, offs, mask
+
+
+@triton.jit
+def scale_rows(acc, scale, stride, row0, m_valid, SCALED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``acc`` with row ``i`` multiplied by ``scale[(row0 + i) * stride]`` (fp32; ``stride`` 0:
+    one scale for every row), when ``SCALED``; rows at or past ``m_valid`` get 0."""
+    if SCALED:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        factor = tl.load(scale + rows.to(tl.int64) * stride, mask=rows < m_valid, other=0.0)
+        acc = acc * factor[:, None]
+    return acc
+
+
+@triton.jit
+def scale_cols(acc, scale, stride, col0, n_valid, SCALED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``acc`` with column ``j`` multiplied by ``scale[(col0 + j) * stride]`` (fp32; ``stride``
+    0: one scale for every column), when ``SCALED``; columns at or past ``n_valid`` get 0."""
+    if SCALED:
+        cols = col0 + tl.arange(0, BLOCK_N)
+        factor = tl.load(scale + cols.to(tl.int64) * stride, mask=cols < n_valid, other=0.0)
+        acc = acc * factor[None, :]
+    return acc
 
 
 @triton.jit

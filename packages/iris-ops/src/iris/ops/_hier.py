@@ -12,7 +12,10 @@ torch.distributed.
   and the local GEMM or normalisation.
 
 Results equal the single-node semantics (fp32 accumulation within the node; the sums
-between nodes are made in the tensors' dtype, as NCCL does).
+between nodes are made in the tensors' dtype, as NCCL does). Float8 operands: the local
+GEMMs multiply the dequantized operands in fp32, shards cross as bytes with their row
+scales beside them; a float8 ``all_reduce_rmsnorm`` output is quantized as the kernels do
+(``y / scale`` in fp32, rounded to nearest even with saturation).
 """
 
 from __future__ import annotations
@@ -29,21 +32,36 @@ from .matmul_all_reduce import matmul_all_reduce
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _node_sum(groups: NodeGroups, a, b):
+def _dequantized(x: torch.Tensor, scale) -> torch.Tensor:
+    """``x`` in fp32 times its scale (float8 operands): one element, ``[rows, 1]`` for ``a`` or
+    ``[1, columns]`` for ``b`` (they broadcast)."""
+    if scale is None:
+        return x.float()
+    return x.float() * (scale.reshape(()) if scale.numel() == 1 else scale)
+
+
+def _product(a, b, args: dict) -> torch.Tensor:
+    """``(a * scale_a) @ (b * scale_b)`` in fp32 (the scales of ``args``)."""
+    return torch.matmul(_dequantized(a, args["scale_a"]), _dequantized(b, args["scale_b"]))
+
+
+def _node_sum(groups: NodeGroups, a, b, args: dict):
     """``a @ b`` summed over this node's ranks of the group, on every one of them (fp32
-    accumulation), by the fused kernel (or a local GEMM on a node of one rank)."""
-    part = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+    accumulation), by the fused kernel (or a local GEMM on a node of one rank), in the
+    output's dtype."""
+    part = torch.empty(a.shape[0], b.shape[1], dtype=args["out"].dtype, device=a.device)
     if groups.intra is not None:
-        matmul_all_reduce(part, a, b, group=groups.intra)
+        scales = {"scale_a": args["scale_a"], "scale_b": args["scale_b"]}
+        matmul_all_reduce(part, a, b, group=groups.intra, **scales)
     else:
-        part.copy_(torch.matmul(a.float(), b.float()))
+        part.copy_(_product(a, b, args))
     return part
 
 
 @entry.staged_form("matmul_all_reduce")
 def _matmul_all_reduce(groups: NodeGroups, args: dict) -> None:
     out, a, b, bias = args["out"], args["a"], args["b"], args["bias"]
-    part = _node_sum(groups, a, b).reshape(-1)
+    part = _node_sum(groups, a, b, args).reshape(-1)
     n = part.numel()
     if groups.uniform and groups.intra is not None:
         shard = -(-n // groups.per_node)
@@ -68,7 +86,7 @@ def _matmul_all_reduce(groups: NodeGroups, args: dict) -> None:
 @entry.staged_form("matmul_reduce_scatter")
 def _matmul_reduce_scatter(groups: NodeGroups, args: dict) -> None:
     out, a, b, bias, scatter_dim = args["out"], args["a"], args["b"], args["bias"], args["scatter_dim"]
-    part = _node_sum(groups, a, b)
+    part = _node_sum(groups, a, b, args)
     size, me = groups.size, groups.position[dist.get_rank()]
     chunks = part.chunk(size, dim=scatter_dim)
     if groups.uniform:
@@ -108,12 +126,17 @@ def _all_gather_matmul(groups: NodeGroups, args: dict) -> None:
         args["bias"],
         args["gather_dim"],
     )
-    size = groups.size
+    size, scale_a = groups.size, args["scale_a"]
     whole = torch.empty(size * a_shard.numel(), dtype=a_shard.dtype, device=a_shard.device)
     iris.ccl.all_gather(whole, a_shard, group=groups.group)
-    pieces = whole.view(size, *a_shard.shape)
+    pieces = whole.view(size, *a_shard.shape).float()
+    if scale_a is not None:  # every shard's own row scales, gathered beside it
+        mine = scale_a.reshape(-1).expand(a_shard.shape[0]).contiguous()
+        scales = torch.empty(size * mine.numel(), dtype=torch.float32, device=mine.device)
+        iris.ccl.all_gather(scales, mine, group=groups.group)
+        pieces = pieces * scales.view(size, -1, 1)
     a = torch.cat(list(pieces), dim=gather_dim)
-    result = torch.matmul(a.float(), b.float())
+    result = torch.matmul(a, _dequantized(b, args["scale_b"]))
     if bias is not None:
         result = result + bias.float()
     out.copy_(result.to(out.dtype))
@@ -122,7 +145,7 @@ def _all_gather_matmul(groups: NodeGroups, args: dict) -> None:
 @entry.staged_form("matmul_all_gather")
 def _matmul_all_gather(groups: NodeGroups, args: dict) -> None:
     out, a, b, bias = args["out"], args["a"], args["b"], args["bias"]
-    mine = torch.matmul(a.float(), b.float())
+    mine = _product(a, b, args)
     if bias is not None:
         mine = mine + bias.float()
     mine = mine.to(out.dtype)
@@ -143,4 +166,12 @@ def _all_reduce_rmsnorm(groups: NodeGroups, args: dict) -> None:
     if residual_out is not None:
         residual_out.copy_(s.to(residual_out.dtype))
     normed = s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-    out.copy_(normed.to(out.dtype))
+    scale, scales_out = args["scale"], args["scales_out"]
+    if scale is None and scales_out is None:
+        out.copy_(normed.to(out.dtype))
+        return
+    top = torch.finfo(out.dtype).max
+    if scales_out is not None:  # per row: max(amax, 2**-40) / fp8_max
+        scale = normed.abs().amax(dim=-1, keepdim=True).clamp_min(2.0**-40) / top
+        scales_out.copy_(scale.view(-1))
+    out.copy_((normed / scale.float().reshape(-1, 1)).clamp(-top, top).to(out.dtype))

@@ -12,10 +12,32 @@ from iris.ccl import Work, entry
 from iris.mem import runtime
 
 from . import workspace as _workspace
-from .config import Config, select
+from .config import FP8, Config, select
 
 #: Dtypes the ops take (fp32 runs on tf32 tensor cores); accumulation is always fp32.
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# FP8 (from .config): the float8 formats, GEMM inputs and all_reduce_rmsnorm's quantized output.
+#: Output dtypes of a GEMM with float8 inputs.
+FP8_OUT = (torch.bfloat16, torch.float32)
+
+
+def names(dtypes) -> str:
+    """``"torch.bfloat16, torch.float16"``: dtypes for an error message."""
+    return ", ".join(map(str, dtypes))
+
+
+def check_scale(t: Any, name: str, op: str, device: torch.device, shapes: tuple[tuple[int, ...], ...]):
+    """``t`` is an fp32 tensor of one element or of one of ``shapes``, on ``device``, usable."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor (float32), got {type(t).__name__}")
+    check_usable(t, f"{op}: {name}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; scales are float32")
+    if t.numel() != 1 and tuple(t.shape) not in shapes:
+        allowed = " or ".join(str(list(s)) for s in shapes)
+        raise ValueError(f"{op}: {name} has shape {list(t.shape)}; expected one element or {allowed}")
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} but the inputs are on {device}; they must match")
 
 
 def _tensor(t: Any, name: str, op: str, ndim: int) -> torch.Tensor:
@@ -23,40 +45,99 @@ def _tensor(t: Any, name: str, op: str, ndim: int) -> torch.Tensor:
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {list(t.shape)}")
-    iris.mem.check_live(t, f"{op}: {name}")
+    check_usable(t, f"{op}: {name}")
     return t
 
 
-def check_operands(op: str, out, a, b, bias) -> None:
-    """Types, ranks, dtypes and devices of a fused op's tensors (shapes are the op's own)."""
+def check_usable(t: torch.Tensor, what: str) -> None:
+    """An error for a tensor on a closed heap (and, in debug mode, in a freed range of a heap)
+    or on an aborted one, named ``what``. An aborted heap's tensors are refused whatever the
+    call would do with them (a call with plain outputs would only read them, but nothing may
+    use an aborted heap again)."""
+    iris.mem.check_live(t, what)
+    heap = iris.mem.heap_of(t)
+    if heap is not None and heap.aborted:
+        try:
+            heap.get_device_context()  # raises the heap's own AbortedError: who failed, why
+        except iris.mem.AbortedError as e:
+            raise iris.mem.AbortedError(
+                f"{what} ({list(t.shape)}, {t.dtype}) lies on a symmetric heap that was aborted: {e}",
+                e.rank,
+                e.reason,
+            ) from None
+
+
+def check_operands(op: str, out, a, b, bias, scale_a=None, scale_b=None) -> None:
+    """Types, ranks, dtypes and devices of a fused op's tensors (shapes are the op's own,
+    but for the scales': one element, or ``[rows of a, 1]`` / ``[1, columns of b]``)."""
+    a_name = "a" if op != "all_gather_matmul" else "a_shard"
     _tensor(out, "out", op, 2)
-    _tensor(a, "a" if op != "all_gather_matmul" else "a_shard", op, 2)
+    _tensor(a, a_name, op, 2)
     _tensor(b, "b", op, 2)
     if bias is not None:
         _tensor(bias, "bias", op, 1)
-    named = [("out", out), ("a", a), ("b", b)] + ([("bias", bias)] if bias is not None else [])
-    if a.dtype not in DTYPES:
-        raise TypeError(f"{op}: dtype {a.dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
+    named = [("out", out), (a_name, a), ("b", b)] + ([("bias", bias)] if bias is not None else [])
+    if a.dtype in FP8:
+        _check_fp8_operands(op, a_name, out, a, b, bias)
+    elif a.dtype not in DTYPES:
+        raise TypeError(f"{op}: dtype {a.dtype} is not supported; use one of {names(DTYPES + FP8)}")
+    else:
+        for name, t in named:
+            if t.dtype != a.dtype:
+                raise TypeError(
+                    f"{op}: {name} has dtype {t.dtype} but {a_name} has {a.dtype}; they must match"
+                )
+        for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+            if t is not None:
+                raise TypeError(f"{op}: {name} scales float8 inputs only; {a_name} has dtype {a.dtype}")
     for name, t in named:
-        if t.dtype != a.dtype:
-            raise TypeError(f"{op}: {name} has dtype {t.dtype} but a has {a.dtype}; they must match")
         if t.device != a.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but a is on {a.device}; they must match")
-    for name, t in named[1:]:
-        if overlaps(out, t):
+            raise ValueError(f"{op}: {name} is on {t.device} but {a_name} is on {a.device}; they must match")
+    if scale_a is not None:
+        check_scale(scale_a, "scale_a", op, a.device, ((a.shape[0], 1),))
+    if scale_b is not None:
+        check_scale(scale_b, "scale_b", op, a.device, ((1, b.shape[1]),))
+    for name, t in named[1:] + [("scale_a", scale_a), ("scale_b", scale_b)]:
+        if t is not None and overlaps(out, t):
             raise ValueError(f"{op}: out overlaps {name}; the output must not share memory with an input")
+
+
+def _check_fp8_operands(op: str, a_name: str, out, a, b, bias) -> None:
+    """Float8 ``a``: ``b`` float8 too (either format), ``out`` (and ``bias``) bf16 or fp32."""
+    if b.dtype not in FP8:
+        raise TypeError(
+            f"{op}: {a_name} has dtype {a.dtype} but b has {b.dtype}; with a float8 {a_name}, b must be "
+            f"float8 too ({names(FP8)})"
+        )
+    if out.dtype not in FP8_OUT:
+        raise TypeError(
+            f"{op}: out has dtype {out.dtype}; the product of float8 inputs is written in {names(FP8_OUT)}"
+        )
+    if bias is not None and bias.dtype != out.dtype:
+        raise TypeError(f"{op}: bias has dtype {bias.dtype} but out has {out.dtype}; they must match")
+
+
+def scale_operand(scale: torch.Tensor | None, dim: int, placeholder: torch.Tensor) -> tuple:
+    """``(tensor, stride, given)`` of a scale as the kernels read it: element ``i`` (a row of A,
+    ``dim`` 0, or a column of B, ``dim`` 1) at ``tensor + i * stride``; stride 0 for one
+    scale. Without one, ``placeholder`` (never read)."""
+    if scale is None:
+        return placeholder, 0, False
+    return scale, (0 if scale.numel() == 1 else scale.stride(dim)), True
 
 
 def gemm_op(name: str, validate, a: str = "a"):
     """The :func:`iris.ccl.entry.op` decorator of a fused GEMM op ``name``: tensors ``out``,
-    ``a`` (named ``a``), ``b``, ``bias``; it runs on ``a``'s device and returns ``out``."""
-    return entry.op(name, tensors=("out", a, "b", "bias"), outputs=("out",), device=a, validate=validate)
+    ``a`` (named ``a``), ``b``, ``bias``, ``scale_a``, ``scale_b``; it runs on ``a``'s device
+    and returns ``out``."""
+    tensors = ("out", a, "b", "bias", "scale_a", "scale_b")
+    return entry.op(name, tensors=tensors, outputs=("out",), device=a, validate=validate)
 
 
-def check_call(op: str, out, a, b, bias, group) -> tuple[tuple[int, ...], int, int, int, int]:
+def check_call(op: str, out, a, b, bias, group, scale_a=None, scale_b=None) -> tuple:
     """The checks every fused op starts with (operands, group, inner dimensions): returns
     ``(global ranks of group, this rank's index, M, K, N)`` of ``a @ b``."""
-    check_operands(op, out, a, b, bias)
+    check_operands(op, out, a, b, bias, scale_a, scale_b)
     ranks, index = group_position(group)
     return (ranks, index, *matmul_dims(op, a, b))
 
@@ -128,7 +209,8 @@ def writable_in_place(out: torch.Tensor, heap) -> bool:
 def workspace_for(op: str, ranks, index, shapes, a, cfg, extra, out, in_place_out, specs, workspace, group):
     """The prepared workspace of this call (see :func:`iris.ops.workspace.acquire`)."""
     heap = heap_of(out, ranks)
-    signature = (op, ranks, shapes, str(a.dtype), cfg, (id(heap) if heap is not None else None, in_place_out))
+    dtypes = str(a.dtype) if out.dtype == a.dtype else f"{a.dtype} -> {out.dtype}"
+    signature = (op, ranks, shapes, dtypes, cfg, (id(heap) if heap is not None else None, in_place_out))
     signature = signature + (extra,)
     return _workspace.acquire(workspace, signature, heap, group, len(ranks), a.device, specs)
 

@@ -51,7 +51,7 @@ from iris.mem.triton import Context, aggregate
 
 from . import _host
 from ._aggregates import Value, fields
-from ._gemm import add_bias, copy_tile, grouped_tile, matmul_tile, tile_offsets
+from ._gemm import add_bias, copy_tile, grouped_tile, matmul_tile, scale_cols, scale_rows, tile_offsets
 from ._sync import call_generation, finish_call, raise_exits, remote_tile, signal, wait, wait_exits
 from .config import Config
 
@@ -171,7 +171,9 @@ class _Copy:
 class _Gemm:
     """The GEMM of one output tile: operands ``a`` and ``b`` (read through the tensor
     descriptors ``a_desc`` / ``b_desc`` with ``TMA_A`` / ``TMA_B``), the K extent and the
-    strides, the block sizes and ``EVEN_K``; with ``STREAM`` a pending :class:`_Copy` moves
+    strides, the block sizes and ``EVEN_K``; with ``SCALE_A`` / ``SCALE_B`` (float8) the
+    product scaled by ``scale_a`` per row (``stride_sa`` apart, 0: one scale) and ``scale_b``
+    per column (``stride_sb``); with ``STREAM`` a pending :class:`_Copy` moves
     ``STREAM_ROWS`` rows per K step (16-byte vectors with ``STREAM_ALIGNED``); ``INTERPRETED``:
     the interpreter-safe K loop of :func:`~iris.ops._gemm.matmul_tile`."""
 
@@ -179,6 +181,10 @@ class _Gemm:
     b: tl.tensor
     a_desc: Value
     b_desc: Value
+    scale_a: tl.tensor
+    scale_b: tl.tensor
+    stride_sa: Value
+    stride_sb: Value
     K: Value
     stride_am: Value
     stride_ak: Value
@@ -190,6 +196,8 @@ class _Gemm:
     EVEN_K: tl.constexpr
     TMA_A: tl.constexpr
     TMA_B: tl.constexpr
+    SCALE_A: tl.constexpr
+    SCALE_B: tl.constexpr
     STREAM: tl.constexpr
     STREAM_ROWS: tl.constexpr
     STREAM_ALIGNED: tl.constexpr
@@ -197,11 +205,12 @@ class _Gemm:
 
     @triton.jit
     def product(self, tile, job):
-        """The fp32 product ``a @ b`` over ``tile``; the copy ``job`` runs under its K loop."""
+        """The fp32 product ``a @ b`` over ``tile`` (scaled); the copy ``job`` runs under its
+        K loop."""
         acc = tl.zeros((self.BLOCK_M, self.BLOCK_N), dtype=tl.float32)
         a = self.a + tl.cast(tile.row_base, tl.int64) * self.stride_am
         b = self.b + tl.cast(tile.col_base, tl.int64) * self.stride_bn
-        return matmul_tile(
+        acc = matmul_tile(
             acc, a, b, tile.row0, tile.rows, tile.col0, tile.cols, self.K,
             self.stride_am, self.stride_ak, self.stride_bk, self.stride_bn,
             self.BLOCK_M, self.BLOCK_N, self.BLOCK_K, self.EVEN_K,
@@ -209,6 +218,10 @@ class _Gemm:
             self.TMA_A, self.TMA_B, job.src, job.src_ld, job.dst, job.ld, job.rows, job.cols,
             self.STREAM, self.STREAM_ROWS, self.STREAM_ALIGNED, self.INTERPRETED,
         )  # fmt: skip
+        row0, rows = tile.row_base + tile.row0, tile.row_base + tile.rows  # rows of a, the chunk's end
+        acc = scale_rows(acc, self.scale_a, self.stride_sa, row0, rows, self.SCALE_A, self.BLOCK_M)
+        col0, cols = tile.col_base + tile.col0, tile.col_base + tile.cols
+        return scale_cols(acc, self.scale_b, self.stride_sb, col0, cols, self.SCALE_B, self.BLOCK_N)
 
 
 @aggregate
@@ -384,15 +397,16 @@ def _step(tiles, gemm, ex, carry, step, PHASE: tl.constexpr):
 @triton.jit
 def _matmul_reduce_kernel(
     context, members, sync_flags, epochs, status, budget, state, ready, exits, stage,
-    a, b, bias, out, ws, a_desc, b_desc,
+    a, b, bias, out, ws, a_desc, b_desc, scale_a, scale_b,
     M, N, K, CM, CN,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, out_chunk_step,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, out_chunk_step, stride_sa, stride_sb,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_N: tl.constexpr, ALL_REDUCE: tl.constexpr,
     ALIGNED: tl.constexpr, WS_ALIGNED: tl.constexpr, TMA_A: tl.constexpr, TMA_B: tl.constexpr,
     SPREAD: tl.constexpr = False, STREAM: tl.constexpr = False, STREAM_ROWS: tl.constexpr = 1,
     STREAM_OUT: tl.constexpr = False, STREAM_ALIGNED: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    SCALE_A: tl.constexpr = False, SCALE_B: tl.constexpr = False,
 ):  # fmt: skip
     """Chunk ``j`` covers rows ``[j*CM, (j+1)*CM)`` (``SPLIT_N`` False, CN = N) or columns
     ``[j*CN, (j+1)*CN)`` (``SPLIT_N``, CM = M), clipped to the matrix. ``ws`` holds
@@ -407,7 +421,10 @@ def _matmul_reduce_kernel(
     its owner ``STREAM_ROWS`` rows per K step of the program's next tile (or at the end);
     ``STREAM_OUT`` (all-reduce of two members, "peers_first" order): a reduced tile is
     streamed the same way from this rank's output into the peer's. ``STREAM_ALIGNED``: the
-    streamed rows may move in 16-byte vectors.
+    streamed rows may move in 16-byte vectors. ``SCALE_A`` / ``SCALE_B``: float8 ``a`` / ``b``
+    with scales (``scale_a`` per row of ``a``, ``stride_sa`` apart, 0 for one scale;
+    ``scale_b`` per column of ``b``), applied to each partial before it is exchanged: the
+    partials and the output are in ``out``'s dtype.
 
     Each program visits its tiles one :func:`_step` at a time, carrying a :class:`_Carry`
     from one to the next, and finishes what the last step left pending."""
@@ -421,8 +438,9 @@ def _matmul_reduce_kernel(
     if ALL_REDUCE:  # peers store into the output: every member must have entered the call
         group.sync(ctx, pid, fence=False)  # nothing remote before it: no fence
     gemm = _Gemm(
-        a, b, a_desc, b_desc, K, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
-        EVEN_K, TMA_A, TMA_B, STREAM, STREAM_ROWS, STREAM_ALIGNED, INTERPRETED,
+        a, b, a_desc, b_desc, scale_a, scale_b, stride_sa, stride_sb, K, stride_am, stride_ak, stride_bk,
+        stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA_A, TMA_B, SCALE_A, SCALE_B, STREAM, STREAM_ROWS,
+        STREAM_ALIGNED, INTERPRETED,
     )  # fmt: skip
     staged = stage + tl.cast(pid, tl.int64) * (BLOCK_M * BLOCK_N)
     ex = _Exchange(
@@ -469,6 +487,8 @@ def run(
     b: torch.Tensor,
     bias: torch.Tensor | None,
     *,
+    scale_a: torch.Tensor | None,
+    scale_b: torch.Tensor | None,
     split_n: bool,
     chunk: tuple[int, int],
     all_reduce: bool,
@@ -479,7 +499,8 @@ def run(
     group,
 ) -> None:
     """Validate-free launcher shared by the two ops: ``out`` is the final output, (M, N) for
-    ``all_reduce``, this rank's chunk otherwise; ``chunk`` is ``(CM, CN)``."""
+    ``all_reduce``, this rank's chunk otherwise; ``chunk`` is ``(CM, CN)``. Partials are
+    exchanged in ``out``'s dtype (``a``'s, but for float8 inputs)."""
     size = len(ranks)
     (m, k), n = a.shape, b.shape[1]
     cm, cn = chunk
@@ -495,11 +516,11 @@ def run(
     specs = [
         ("ready", (size - 1) * chunk_tiles, torch.int32),
         ("exits", (size - 1) * grid, torch.int32),
-        ("partials", (size - 1) * cm * cn, a.dtype),
-        ("stage", grid * cfg.block_m * cfg.block_n if stream else 0, a.dtype),
+        ("partials", (size - 1) * cm * cn, out.dtype),
+        ("stage", grid * cfg.block_m * cfg.block_n if stream else 0, out.dtype),
     ]
     if not in_place:
-        specs.append(("out", m * n, a.dtype))
+        specs.append(("out", m * n, out.dtype))
     shapes = (tuple(a.shape), tuple(b.shape), tuple(out.shape))
     ws = _host.workspace_for(
         op, ranks, index, shapes, a, cfg, ("n" if split_n else "m"), out, in_place, specs, workspace, group
@@ -517,17 +538,19 @@ def run(
     # fp16 chunk of 1500 columns made the launch fail with an illegal instruction).
     b_boxes = not split_n or cn * b.element_size() % 16 == 0
     b_desc, tma_b = _host.tma_operand(b, (cfg.block_k, cfg.block_n), cfg.tma and b_boxes)
+    sa, stride_sa, scaled_a = _host.scale_operand(scale_a, 0, kout)
+    sb, stride_sb, scaled_b = _host.scale_operand(scale_b, 1, kout)
     _host.launch(
         _matmul_reduce_kernel, grid, ws, cfg,
         ws.buffers["ready"], ws.buffers["exits"], ws.buffers["stage"], a, b, bias if bias is not None else a,
         kout, ws.buffers["partials"],
-        a_desc, b_desc,
-        m, n, k, cm, cn, *a.stride(), *b.stride(), *kout.stride(), step,
+        a_desc, b_desc, sa, sb,
+        m, n, k, cm, cn, *a.stride(), *b.stride(), *kout.stride(), step, stride_sa, stride_sb,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, SPLIT_N=split_n, ALL_REDUCE=all_reduce,
         ALIGNED=aligned, WS_ALIGNED=ws_aligned,
         TMA_A=tma_a, TMA_B=tma_b, SPREAD=size > 1 and spread(cfg), STREAM=stream,
         STREAM_ROWS=stream_rows, STREAM_OUT=stream and all_reduce and size == 2 and not spread(cfg),
-        STREAM_ALIGNED=ws_aligned and (aligned or not all_reduce),
+        STREAM_ALIGNED=ws_aligned and (aligned or not all_reduce), SCALE_A=scaled_a, SCALE_B=scaled_b,
     )  # fmt: skip
     if kout is not out:
         out.copy_(kout)

@@ -40,7 +40,7 @@ takes its next value only after its reader has seen this one, so the values may 
 import triton
 import triton.language as tl
 
-from iris.ccl.triton import ll
+from iris.ccl.triton import convert, ll
 from iris.ccl.triton.sync import advance_launch_counter
 from iris.mem.triton.group import enter_group
 from iris.mem.triton.sync import enter_launch
@@ -55,6 +55,15 @@ _LAUNCH_UNIT: tl.constexpr = tl.constexpr(1 << 20)
 #: flag is written once per launch, and the next value it takes comes only after its reader
 #: has seen this one.
 _FLAG_PERIOD: tl.constexpr = tl.constexpr((1 << 31) - 1)
+#: ``QUANT``: how ``out`` is written. ``_PLAIN``: ``y`` rounded to out's dtype; ``_STATIC``:
+#: ``fp8(y / scale)`` with the one scale given; ``_DYNAMIC``: ``fp8(y / s_t)`` with the row's
+#: own scale ``s_t = max(amax|y_t|, _TINY) / fp8_max``, stored into ``scales_out``.
+_PLAIN: tl.constexpr = tl.constexpr(0)
+_STATIC: tl.constexpr = tl.constexpr(1)
+_DYNAMIC: tl.constexpr = tl.constexpr(2)
+#: The smallest amax a dynamic scale is made from (2**-40): an all-zero row gets a tiny but
+#: normal fp32 scale (2**-40 / fp8_max), never 0 (whose quotients would be NaN).
+_TINY: tl.constexpr = tl.constexpr(2.0**-40)
 
 
 # --------------------------------------------------------------------------- shared parts
@@ -141,19 +150,66 @@ def _emit(ctx, group, local, shared, offs, mask, value, REMOTE: tl.constexpr, HI
 
 
 @triton.jit
+def _fp8_max(DTYPE: tl.constexpr):
+    """The largest finite value of the float8 type ``DTYPE`` (e4m3fn: 448, e5m2: 57344)."""
+    if DTYPE == tl.float8e4nv:
+        return 448.0
+    else:
+        return 57344.0
+
+
+@triton.jit
+def _out_scale(ctx, group, scale, gscale, peak, REMOTE: tl.constexpr, QUANT: tl.constexpr,
+               DTYPE: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr):  # fmt: skip
+    """The scale ``out`` of one row is divided by: with ``_STATIC`` the one at ``scale``; with
+    ``_DYNAMIC`` ``max(peak, _TINY) / fp8_max`` (``peak``: the row's amax of ``|y|``; an IEEE
+    division, the same bits compiled and interpreted), stored at ``scale`` (the row's element
+    of ``scales_out``) and, with ``REMOTE``, at ``gscale`` on every peer; else 1."""
+    if QUANT == _STATIC:
+        s = tl.load(scale).to(tl.float32)
+    elif QUANT == _DYNAMIC:
+        s = tl.div_rn(tl.maximum(peak, _TINY), _fp8_max(DTYPE))
+        tl.store(scale, s)
+        if REMOTE:
+            for k in tl.static_range(1, GROUP):
+                ctx.store(gscale, s, group.rank((ME + k) % GROUP))
+    else:
+        s = 1.0
+    return s
+
+
+@triton.jit
+def _quantize(y, s, QUANT: tl.constexpr, DTYPE: tl.constexpr):
+    """``y`` as written into ``out``: with a scale (``QUANT``), ``fp8(y / s)``, divided as IEEE
+    does and rounded to nearest even, saturating to the finite range
+    (:func:`iris.ccl.triton.convert`); else ``y`` (rounded when stored)."""
+    if QUANT == _PLAIN:
+        return y
+    else:
+        return convert(tl.div_rn(y, s), DTYPE)
+
+
+@triton.jit
 def _norm_row(
     ctx, group, inp_row, res_row, peers, peer_stride, weight, out_row, rout_row, gout_row, gres_row,
-    H, eps, flag,
+    scale, gscale, H, eps, flag,
     LL: tl.constexpr, REMOTE: tl.constexpr, SINGLE: tl.constexpr, HAS_RES: tl.constexpr,
-    HAS_RES_OUT: tl.constexpr, REREAD: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES_OUT: tl.constexpr, QUANT: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr,
     GROUP: tl.constexpr, ME: tl.constexpr,
 ):  # fmt: skip
-    """One row: ``s`` (see :func:`_sum_chunk`) into ``residual_out`` and its RMSNorm into
-    ``out`` (both also into the peers' ``gres_row`` / ``gout_row`` with ``REMOTE``). A row
-    of at most ``BLOCK`` elements stays in registers (``SINGLE``); a longer one takes two
-    passes, the second computing ``s`` again (the peers' data is still where the first pass
-    found it), or reading it back from ``residual_out`` where that is ``residual``
-    (``REREAD``)."""
+    """One row: ``s`` (see :func:`_sum_chunk`) into ``residual_out`` and its RMSNorm
+    ``y = (s * weight) * rstd`` into ``out`` (both also into the peers' ``gres_row`` /
+    ``gout_row`` with ``REMOTE``), quantized as ``QUANT`` says with the row's scale
+    (:func:`_out_scale`; ``scale`` / ``gscale``). Since ``rstd > 0`` and rounding is monotone,
+    the row's amax of ``|y|`` is exactly ``rstd * max|s * weight|``, known before any of
+    ``y`` is stored. A row of at most ``BLOCK`` elements stays in registers (``SINGLE``); a
+    longer one takes two passes: the first only sums the squares of ``s`` (and, ``_DYNAMIC``,
+    takes the amax of ``s * weight``), the second computes ``s`` again (the peers' data is
+    still where the first pass found it, and the residual is still unwritten where
+    ``residual_out`` is ``residual``) and stores both outputs. So the norm always comes from
+    the fp32 ``s``, never from ``s`` rounded into ``residual_out`` (an fp16 sum past 65504
+    would read back as infinity)."""
+    DTYPE: tl.constexpr = out_row.dtype.element_ty
     if SINGLE:
         s, offs, mask = _sum_chunk(
             ctx, group, inp_row, res_row, peers, peer_stride, 0, H, flag, LL, True, HAS_RES, BLOCK, GROUP, ME
@@ -161,10 +217,16 @@ def _norm_row(
         rstd = tl.rsqrt(tl.sum(s * s) / H + eps)
         if HAS_RES_OUT:
             _emit(ctx, group, rout_row, gres_row, offs, mask, s, REMOTE, HINT, GROUP, ME)
-        w = tl.load(weight + offs, mask=mask, other=0).to(tl.float32)
-        _emit(ctx, group, out_row, gout_row, offs, mask, s * rstd * w, REMOTE, HINT, GROUP, ME)
+        sw = s * tl.load(weight + offs, mask=mask, other=0).to(tl.float32)
+        peak = 0.0
+        if QUANT == _DYNAMIC:
+            peak = tl.max(tl.abs(sw)) * rstd
+        out_scale = _out_scale(ctx, group, scale, gscale, peak, REMOTE, QUANT, DTYPE, GROUP, ME)
+        y = _quantize(sw * rstd, out_scale, QUANT, DTYPE)
+        _emit(ctx, group, out_row, gout_row, offs, mask, y, REMOTE, HINT, GROUP, ME)
     else:
         squares = tl.zeros([BLOCK], tl.float32)
+        peaks = tl.zeros([BLOCK], tl.float32)  # _DYNAMIC: the largest |s * weight| so far
         h0 = 0
         while h0 < H:
             s, offs, mask = _sum_chunk(
@@ -172,25 +234,39 @@ def _norm_row(
                 GROUP, ME,
             )  # fmt: skip
             squares += s * s
-            if HAS_RES_OUT:
-                _emit(ctx, group, rout_row, gres_row, offs, mask, s, REMOTE, HINT, GROUP, ME)
+            if QUANT == _DYNAMIC:
+                w = tl.load(weight + offs, mask=mask, other=0).to(tl.float32)
+                peaks = tl.maximum(peaks, tl.abs(s * w))
             h0 += BLOCK
         rstd = tl.rsqrt(tl.sum(squares) / H + eps)
-        tl.debug_barrier()  # REREAD: the first pass's stores of residual_out come first
+        peak = 0.0
+        if QUANT == _DYNAMIC:
+            peak = tl.max(peaks) * rstd
+        out_scale = _out_scale(ctx, group, scale, gscale, peak, REMOTE, QUANT, DTYPE, GROUP, ME)
         h0 = 0
         while h0 < H:
-            if REREAD:
-                offs = h0 + tl.arange(0, BLOCK)
-                mask = offs < H
-                s = tl.load(rout_row + offs, mask=mask, other=0).to(tl.float32)
-            else:
-                s, offs, mask = _sum_chunk(
-                    ctx, group, inp_row, res_row, peers, peer_stride, h0, H, flag, LL, False, HAS_RES, BLOCK,
-                    GROUP, ME,
-                )  # fmt: skip
-            w = tl.load(weight + offs, mask=mask, other=0).to(tl.float32)
-            _emit(ctx, group, out_row, gout_row, offs, mask, s * rstd * w, REMOTE, HINT, GROUP, ME)
+            # Each element of the residual is read here before residual_out (maybe the same
+            # memory) is written at it, by the same thread.
+            s, offs, mask = _sum_chunk(
+                ctx, group, inp_row, res_row, peers, peer_stride, h0, H, flag, LL, False, HAS_RES, BLOCK,
+                GROUP, ME,
+            )  # fmt: skip
+            if HAS_RES_OUT:
+                _emit(ctx, group, rout_row, gres_row, offs, mask, s, REMOTE, HINT, GROUP, ME)
+            sw = s * tl.load(weight + offs, mask=mask, other=0).to(tl.float32)
+            y = _quantize(sw * rstd, out_scale, QUANT, DTYPE)
+            _emit(ctx, group, out_row, gout_row, offs, mask, y, REMOTE, HINT, GROUP, ME)
             h0 += BLOCK
+
+
+@triton.jit
+def _scale_of(scales, row, QUANT: tl.constexpr):
+    """Where row ``row``'s scale is: its element of ``scales_out`` (``_DYNAMIC``), else the
+    one scale (or nothing)."""
+    if QUANT == _DYNAMIC:
+        return scales + row
+    else:
+        return scales
 
 
 # --------------------------------------------------------------------------- the "ll" form
@@ -249,15 +325,16 @@ def _push_rows(ctx, group, inp, stride_i, bank, box_stride, row_lines, pid, prog
 @triton.jit
 def _ll_rmsnorm_kernel(
     context, members, sync_flags, epochs, status, budget,  # the group's sync state (runtime.launch)
-    launches, inp, residual, weight, out, residual_out, boxes,
+    launches, inp, residual, weight, out, residual_out, scales, boxes,
     T, H, eps, stride_i, stride_r, stride_o, stride_ro, row_lines, box_stride,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK: tl.constexpr, PIECE: tl.constexpr, SPREAD: tl.constexpr, SINGLE: tl.constexpr,
-    HAS_RES: tl.constexpr, HAS_RES_OUT: tl.constexpr, REREAD: tl.constexpr, PDL: tl.constexpr = False,
+    HAS_RES: tl.constexpr, HAS_RES_OUT: tl.constexpr, QUANT: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The ``"ll"`` form over ``T`` rows of ``H`` elements (see the module docstring);
     ``boxes`` holds two banks of ``GROUP - 1`` slots of ``box_stride`` lines, a row
-    ``row_lines`` lines."""
+    ``row_lines`` lines. ``scales``: with ``QUANT`` ``_STATIC`` the one scale, ``_DYNAMIC``
+    ``scales_out`` (``T`` fp32)."""
     enter_launch(PDL)
     ctx, group, pid = enter_group(
         context, members, sync_flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
@@ -274,8 +351,8 @@ def _ll_rmsnorm_kernel(
         r = row.to(tl.int64)
         _norm_row(
             ctx, group, inp + r * stride_i, residual + r * stride_r, bank + r * row_lines, box_stride, weight,
-            out + r * stride_o, residual_out + r * stride_ro, out, residual_out, H, eps, flag,
-            True, False, SINGLE, HAS_RES, HAS_RES_OUT, REREAD, None, BLOCK, GROUP, ME,
+            out + r * stride_o, residual_out + r * stride_ro, out, residual_out, _scale_of(scales, r, QUANT),
+            scales, H, eps, flag, True, False, SINGLE, HAS_RES, HAS_RES_OUT, QUANT, None, BLOCK, GROUP, ME,
         )  # fmt: skip
         row += programs
     advance_launch_counter(launches, _LAUNCH_UNIT)
@@ -326,13 +403,14 @@ def _push_to_owners(ctx, group, inp, partials, rs_flags, flag, pid, programs, T,
 
 
 @triton.jit
-def _collect_rows(ctx, group, out, residual_out, gout, gres, ag_flags, flag, pid, programs, T, H, share,
-                  stride_o, stride_ro, stride_go, stride_gr, HAS_RES_OUT: tl.constexpr,
-                  OUT_IN_PLACE: tl.constexpr, RES_IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
-                  GROUP: tl.constexpr, ME: tl.constexpr):  # fmt: skip
+def _collect_rows(ctx, group, out, residual_out, scales, gout, gres, gscales, ag_flags, flag, pid, programs,
+                  T, H, share, stride_o, stride_ro, stride_go, stride_gr, HAS_RES_OUT: tl.constexpr,
+                  OUT_IN_PLACE: tl.constexpr, RES_IN_PLACE: tl.constexpr, QUANT: tl.constexpr,
+                  BLOCK: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr):  # fmt: skip
     """``"rs_ag"`` step 3: wait for the flag of each peer's row ``i = pid, pid + programs,
     ...`` of its share (stored by its owner into ``gout`` / ``gres``) and copy it into
-    ``out`` / ``residual_out`` unless the owner stored it there itself (in place)."""
+    ``out`` / ``residual_out`` unless the owner stored it there itself (in place); with
+    ``_DYNAMIC`` its scale too, from ``gscales`` into ``scales`` (``scales_out``)."""
     i = pid
     while i < share:
         for k in tl.static_range(1, GROUP):
@@ -344,24 +422,28 @@ def _collect_rows(ctx, group, out, residual_out, gout, gres, ag_flags, flag, pid
                     _copy_row(gout + r * stride_go, out + r * stride_o, H, BLOCK)
                 if HAS_RES_OUT and not RES_IN_PLACE:
                     _copy_row(gres + r * stride_gr, residual_out + r * stride_ro, H, BLOCK)
+                if QUANT == _DYNAMIC:
+                    tl.store(scales + r, tl.load(gscales + r))
         i += programs
 
 
 @triton.jit
 def _rs_rmsnorm_kernel(
     context, members, sync_flags, epochs, status, budget,  # the group's sync state (runtime.launch)
-    launches, inp, residual, weight, out, residual_out, gout, gres, partials, rs_flags, ag_flags,
-    T, H, eps, share, part_stride, stride_i, stride_r, stride_o, stride_ro, stride_go, stride_gr,
+    launches, inp, residual, weight, out, residual_out, scales, gout, gres, gscales, partials, rs_flags,
+    ag_flags, T, H, eps, share, part_stride, stride_i, stride_r, stride_o, stride_ro, stride_go, stride_gr,
     RANK: tl.constexpr, WORLD: tl.constexpr, GROUP: tl.constexpr, ME: tl.constexpr,
     BLOCK: tl.constexpr, SINGLE: tl.constexpr, HAS_RES: tl.constexpr, HAS_RES_OUT: tl.constexpr,
-    REREAD: tl.constexpr, OUT_IN_PLACE: tl.constexpr, RES_IN_PLACE: tl.constexpr, HINT: tl.constexpr,
+    OUT_IN_PLACE: tl.constexpr, RES_IN_PLACE: tl.constexpr, HINT: tl.constexpr, QUANT: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The ``"rs_ag"`` form over ``T`` rows of ``H`` elements, ``share`` rows per rank (see
     the module docstring). ``partials`` holds ``GROUP`` slots of ``share`` rows of
     ``part_stride`` elements (slot ``m``: member ``m``'s rows of this rank's share);
     ``gout`` / ``gres`` are where peers store this rank's copy of their rows (``out`` /
-    ``residual_out`` themselves with ``OUT_IN_PLACE`` / ``RES_IN_PLACE``)."""
+    ``residual_out`` themselves with ``OUT_IN_PLACE`` / ``RES_IN_PLACE``). ``scales``: with
+    ``QUANT`` ``_STATIC`` the one scale, ``_DYNAMIC`` ``scales_out`` (``T`` fp32), whose
+    peers' rows the owners store into ``gscales`` (always the workspace)."""
     enter_launch(PDL)
     ctx, group, pid = enter_group(
         context, members, sync_flags, epochs, status, budget, RANK, WORLD, GROUP, ME, False
@@ -388,15 +470,16 @@ def _rs_rmsnorm_kernel(
             _norm_row(
                 ctx, group, inp + r * stride_i, residual + r * stride_r, mine, slot, weight,
                 out + r * stride_o, residual_out + r * stride_ro, gout + r * stride_go, gres + r * stride_gr,
-                H, eps, flag,
-                False, True, SINGLE, HAS_RES, HAS_RES_OUT, REREAD, HINT, BLOCK, GROUP, ME,
+                _scale_of(scales, r, QUANT), gscales + r, H, eps, flag,
+                False, True, SINGLE, HAS_RES, HAS_RES_OUT, QUANT, HINT, BLOCK, GROUP, ME,
             )  # fmt: skip
             for k in tl.static_range(1, GROUP):
                 _raise(ctx, ag_flags + row, flag, group.rank((ME + k) % GROUP))
         i += programs
     # 3. The peers' rows, once they are here (copied out of the workspace unless in place).
     _collect_rows(
-        ctx, group, out, residual_out, gout, gres, ag_flags, flag, pid, programs, T, H, share, stride_o,
-        stride_ro, stride_go, stride_gr, HAS_RES_OUT, OUT_IN_PLACE, RES_IN_PLACE, BLOCK, GROUP, ME,
+        ctx, group, out, residual_out, scales, gout, gres, gscales, ag_flags, flag, pid, programs, T, H,
+        share, stride_o, stride_ro, stride_go, stride_gr, HAS_RES_OUT, OUT_IN_PLACE, RES_IN_PLACE, QUANT,
+        BLOCK, GROUP, ME,
     )  # fmt: skip
     advance_launch_counter(launches, _LAUNCH_UNIT)

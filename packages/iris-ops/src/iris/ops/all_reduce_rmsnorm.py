@@ -2,8 +2,9 @@
 residual add and the RMSNorm that follow it.
 
 With ``s = sum over the group of inp (+ residual)``, row by row: ``residual_out = s`` and
-``out = s * rsqrt(mean(s**2) + eps) * weight``, in fp32 from the inputs to the final
-rounding, in one kernel per call of one of two forms (how each works:
+``out = y = s * rsqrt(mean(s**2) + eps) * weight``, in fp32 from the inputs to the final
+rounding (a float8 ``out`` receives ``y / scale`` rounded once, with a static scale or one
+computed per row in the same kernel), in one kernel per call of one of two forms (how each works:
 :mod:`iris.ops._rmsnorm_kernels`): ``"ll"`` for decode sizes (a one-shot flag-in-data
 exchange: one link latency, twice the input's bytes on the link) and ``"rs_ag"`` for large
 token counts (a reduce-scatter of rows, the norm by each row's owner, an all-gather).
@@ -118,7 +119,38 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _check(out, inp, weight, eps, residual, residual_out) -> None:
+def _check_quantized(out, inp, scale, scales_out) -> None:
+    """A float8 ``out`` comes with exactly one of ``scale`` (static) and ``scales_out``
+    (dynamic, ``[tokens]``); any other ``out`` with neither."""
+    if out.dtype not in _host.FP8:
+        for name, t in (("scale", scale), ("scales_out", scales_out)):
+            if t is not None:
+                raise ValueError(
+                    f"{_OP}: {name} is for a float8 out ({_host.names(_host.FP8)}); out has dtype {out.dtype}"
+                )
+        return
+    if (scale is None) == (scales_out is None):
+        raise ValueError(
+            f"{_OP}: a float8 out needs exactly one of scale= (a one-element float32 tensor: out = fp8(y / "
+            "scale)) and scales_out= (a float32 [tokens] tensor receiving each row's scale); got "
+            f"{'both' if scale is not None else 'neither'}"
+        )
+    if scale is not None:
+        _host.check_scale(scale, "scale", _OP, inp.device, ())
+    else:
+        _host._tensor(scales_out, "scales_out", _OP, 1)
+        if scales_out.dtype != torch.float32 or scales_out.shape[0] != inp.shape[0]:
+            raise ValueError(
+                f"{_OP}: scales_out is {scales_out.dtype} {list(scales_out.shape)}; expected torch.float32 "
+                f"[{inp.shape[0]}] (one scale per row of inp)"
+            )
+        if scales_out.device != inp.device:
+            raise ValueError(
+                f"{_OP}: scales_out is on {scales_out.device} but inp is on {inp.device}; they must match"
+            )
+
+
+def _check(out, inp, weight, eps, residual, residual_out, scale=None, scales_out=None) -> None:
     """Types, shapes, dtypes, devices and overlaps of a call's arguments."""
     _host._tensor(out, "out", _OP, 2)
     _host._tensor(inp, "inp", _OP, 2)
@@ -139,8 +171,11 @@ def _check(out, inp, weight, eps, residual, residual_out) -> None:
         if t.device != inp.device:
             raise ValueError(f"{_OP}: {name} is on {t.device} but inp is on {inp.device}; they must match")
     for name, t in named:
-        if t.dtype != inp.dtype:
-            raise TypeError(f"{_OP}: {name} has dtype {t.dtype} but inp has {inp.dtype}; they must match")
+        if t.dtype != inp.dtype and not (name == "out" and t.dtype in _host.FP8):
+            raise TypeError(
+                f"{_OP}: {name} has dtype {t.dtype} but inp has {inp.dtype}; they must match (out may "
+                f"also be float8: {_host.names(_host.FP8)}, with scale= or scales_out=)"
+            )
         if t.shape != inp.shape:
             raise ValueError(
                 f"{_OP}: {name} has shape {list(t.shape)} but inp has {list(inp.shape)} ([tokens, hidden]); "
@@ -167,20 +202,28 @@ def _check(out, inp, weight, eps, residual, residual_out) -> None:
                 )
     if residual_out is not None and _host.overlaps(out, residual_out):
         raise ValueError(f"{_OP}: out overlaps residual_out; the two outputs must not share memory")
+    _check_quantized(out, inp, scale, scales_out)
+    if scales_out is not None:
+        for name, t in named + inputs:
+            if _host.overlaps(scales_out, t):
+                raise ValueError(
+                    f"{_OP}: scales_out overlaps {name}; it must not share memory with another tensor"
+                )
 
 
-def _validate(out, inp, weight, eps, *, residual, residual_out, config, **_) -> None:
-    _check(out, inp, weight, eps, residual, residual_out)
+def _validate(out, inp, weight, eps, *, residual, residual_out, scale, scales_out, config, **_) -> None:
+    _check(out, inp, weight, eps, residual, residual_out, scale, scales_out)
     check_config(config, AllReduceRMSNormConfig, _OP)
 
 
 @entry.op(
-    _OP, tensors=("out", "inp", "weight", "residual", "residual_out"), outputs=("out", "residual_out"),
-    device="inp", validate=_validate,
+    _OP, tensors=("out", "inp", "weight", "residual", "residual_out", "scale", "scales_out"),
+    outputs=("out", "residual_out", "scales_out"), device="inp", validate=_validate,
 )  # fmt: skip
 def all_reduce_rmsnorm(
     out: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
-    residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None, group=None,
+    residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None, scales_out: torch.Tensor | None = None, group=None,
     async_op: bool = False, config: AllReduceRMSNormConfig | None = None, workspace: Workspace | None = None,
 ) -> Work | None:  # fmt: skip
     """``out = rmsnorm(all_reduce(inp) + residual) * weight`` over the ranks of ``group``,
@@ -192,10 +235,21 @@ def all_reduce_rmsnorm(
 
     Shapes: ``inp``, ``out``, ``residual`` and ``residual_out`` are ``[tokens, hidden]``,
     the same on every rank; ``weight`` is ``[hidden]``. bf16, fp16 or fp32 (``weight`` any
-    of them; the others all ``inp``'s). ``residual`` must be the same on every rank, as in
-    tensor parallelism. ``out`` may be ``inp`` and ``residual_out`` may be ``residual``
-    (in place); no other output may overlap an input. Any tensors work, on a heap or not.
+    of them; the others all ``inp``'s, except a float8 ``out``). ``residual`` must be the
+    same on every rank, as in tensor parallelism. ``out`` may be ``inp`` and
+    ``residual_out`` may be ``residual`` (in place); no other output may overlap an input.
+    Any tensors work, on a heap or not.
 
+    A float8 ``out`` (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``) receives
+    ``y / scale`` (``y`` the normed row in fp32; an IEEE division) rounded to nearest even,
+    saturating to the format's finite range (448 or 57344; NaN stays NaN), so that
+    ``out * scale`` is ``y`` as :func:`torch._scaled_mm` reads it; ``residual_out`` keeps
+    ``inp``'s dtype. Exactly one of:
+
+    :param scale: a one-element float32 tensor, the same on every rank: the static scale.
+    :param scales_out: a float32 ``[tokens]`` tensor: each row's scale computed in the
+        kernel, ``s_t = max(amax(|y_t|), 2**-40) / fp8_max`` (an IEEE division), the row
+        then quantized with it (its largest element to ``+-fp8_max``).
     :param eps: added to the mean of squares (a finite number >= 0).
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
@@ -209,7 +263,8 @@ def all_reduce_rmsnorm(
     plan = _plan(config, inp, len(ranks), iris.mem.capabilities(inp.device))
     if out.numel() == 0:
         return _host.finish(inp.device, async_op)
-    _run(plan, out, inp, weight, float(eps), residual, residual_out, ranks, index, group, workspace)
+    _run(plan, out, inp, weight, float(eps), residual, residual_out, scale, scales_out, ranks, index, group,
+         workspace)  # fmt: skip
     return _host.finish(inp.device, async_op)
 
 
@@ -221,7 +276,13 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 or t.shape[1] <= 1 else t.contiguous()
 
 
-def _run(plan: _Plan, out, inp, weight, eps: float, residual, residual_out, ranks, index, group, workspace):
+#: ``QUANT`` of the kernels (:mod:`iris.ops._rmsnorm_kernels`): out in inp's dtype, float8
+#: with the static scale, float8 with per-row scales.
+_PLAIN, _STATIC, _DYNAMIC = 0, 1, 2
+
+
+def _run(plan: _Plan, out, inp, weight, eps: float, residual, residual_out, scale, scales_out, ranks, index,
+         group, workspace):  # fmt: skip
     """Launch ``plan``'s form on views of the arguments with unit stride along the hidden
     dimension (copies of those with another, copied back into the outputs after)."""
     hidden = inp.shape[1]
@@ -233,60 +294,74 @@ def _run(plan: _Plan, out, inp, weight, eps: float, residual, residual_out, rank
         k_rout = (
             residual_out if rout_ok else torch.empty_like(residual_out, memory_format=torch.contiguous_format)
         )
+    k_scales = scales_out
+    if scales_out is not None and scales_out.stride(0) != 1:
+        k_scales = torch.empty_like(scales_out, memory_format=torch.contiguous_format)
     flags: dict[str, Any] = {
         "HAS_RES": residual is not None,
         "HAS_RES_OUT": residual_out is not None,
-        # residual_out is residual (in place): the second pass reads s back from it, since
-        # the first pass has overwritten the residual that recomputing s would need.
-        "REREAD": k_rout is not None and k_res is not None and _host.overlaps(k_rout, k_res),
         "SINGLE": hidden <= plan.cfg.block,
         "BLOCK": plan.cfg.block,
+        "QUANT": _STATIC if scale is not None else _DYNAMIC if scales_out is not None else _PLAIN,
     }
-    # Unused pointers: any tensor of the right dtype.
-    args = (k_inp, k_res if k_res is not None else k_inp, k_w, k_out, k_rout if k_rout is not None else k_out)
+    # Unused pointers: any tensor (of the right dtype where one is read or written).
+    args = (
+        k_inp, k_res if k_res is not None else k_inp, k_w, k_out, k_rout if k_rout is not None else k_out,
+        scale if scale is not None else k_scales if k_scales is not None else k_w,
+    )  # fmt: skip
     run = _run_ll if plan.cfg.form == "ll" else _run_rs
     run(args, out, residual_out, ranks, index, plan, flags, eps, group, workspace)
     if k_out is not out:
         out.copy_(k_out)
     if k_rout is not None and k_rout is not residual_out:
         residual_out.copy_(k_rout)
+    if k_scales is not scales_out:
+        scales_out.copy_(k_scales)
 
 
-def _shapes(inp, weight, flags, *more) -> tuple:
+def _shapes(inp, weight, out, flags, *more) -> tuple:
     """What besides the op, group, dtype, config and heap binds a workspace."""
-    return (tuple(inp.shape), str(weight.dtype), flags["HAS_RES"], flags["HAS_RES_OUT"], *more)
+    kinds = (str(weight.dtype), str(out.dtype), flags["HAS_RES"], flags["HAS_RES_OUT"], flags["QUANT"])
+    return (tuple(inp.shape), *kinds, *more)
 
 
 def _run_ll(args, out, residual_out, ranks, index, plan: _Plan, flags, eps, group, workspace) -> None:
-    inp, res, weight, k_out, k_rout = args
+    inp, res, weight, k_out, k_rout, scales = args
     tokens, hidden = inp.shape
     size, cfg, rows = len(ranks), plan.cfg, plan.launch_rows
     box_stride = rows * plan.row_lines
     specs = [("launches", 1, torch.int64), ("boxes", 2 * (size - 1) * box_stride, torch.int64)]
     # A program must read its rows of inp before it overwrites them in out; alone, nothing to push.
     spread = cfg.spread and size > 1 and not _host.overlaps(k_out, inp)
-    shapes = _shapes(inp, weight, flags, spread)
+    shapes = _shapes(inp, weight, out, flags, spread)
     ws = _host.workspace_for(_OP, ranks, index, shapes, inp, cfg, rows, out, False, specs, workspace, group)
     for start in range(0, tokens, rows):
         count = min(rows, tokens - start)
         # one program per pushed piece (spread) or per row, at most the resident ones
         want = count * _host.cdiv(hidden, plan.piece) if spread else count
         grid = max(1, min(cfg.programs or want, plan.max_programs))
+        dynamic = flags["QUANT"] == _DYNAMIC
         runtime.launch(
             _ll_rmsnorm_kernel, grid, ws.sync, ws.buffers["launches"],
-            inp[start:], res[start:], weight, k_out[start:], k_rout[start:], ws.buffers["boxes"],
+            inp[start:], res[start:], weight, k_out[start:], k_rout[start:],
+            scales[start:] if dynamic else scales, ws.buffers["boxes"],
             count, hidden, eps, inp.stride(0), res.stride(0), k_out.stride(0), k_rout.stride(0),
             plan.row_lines, box_stride, PIECE=plan.piece, SPREAD=spread, num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
 
 
+def _aligned_row(hidden: int, dtype: torch.dtype) -> int:
+    """Elements of a workspace row of ``hidden`` elements of ``dtype``, rounded up to 16 bytes."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return _host.cdiv(hidden * itemsize, 16) * 16 // itemsize
+
+
 def _run_rs(args, out, residual_out, ranks, index, plan: _Plan, flags, eps, group, workspace) -> None:
-    inp, res, weight, k_out, k_rout = args
+    inp, res, weight, k_out, k_rout, scales = args
     tokens, hidden = inp.shape
     size, cfg = len(ranks), plan.cfg
-    itemsize = inp.element_size()
     share = _host.cdiv(tokens, size)
-    stride = _host.cdiv(hidden * itemsize, 16) * 16 // itemsize  # workspace rows 16-byte aligned
+    stride, out_stride = _aligned_row(hidden, inp.dtype), _aligned_row(hidden, out.dtype)
     heap = _host.heap_of(out, ranks)
     # Owners store their rows straight into the peers' outputs where those are on a heap
     # spanning the group; else into the peers' workspaces, copied out after.
@@ -299,21 +374,24 @@ def _run_rs(args, out, residual_out, ranks, index, plan: _Plan, flags, eps, grou
         ("partials", size * share * stride, inp.dtype),
         ("rs_flags", size * share, torch.int32),
         ("ag_flags", tokens, torch.int32),
-        ("gout", 0 if out_in_place else tokens * stride, inp.dtype),
+        ("gout", 0 if out_in_place else tokens * out_stride, out.dtype),
         ("gres", 0 if res_in_place else tokens * stride, inp.dtype),
+        # the peers' rows' scales (_DYNAMIC), always here: copied into scales_out after
+        ("gscales", tokens if flags["QUANT"] == _DYNAMIC and size > 1 else 0, torch.float32),
     ]
-    shapes = _shapes(inp, weight, flags, res_in_place)
+    shapes = _shapes(inp, weight, out, flags, res_in_place)
     ws = _host.workspace_for(
         _OP, ranks, index, shapes, inp, cfg, None, out, out_in_place, specs, workspace, group
     )
-    gout = k_out if out_in_place else ws.buffers["gout"].view(tokens, stride)
+    gout = k_out if out_in_place else ws.buffers["gout"].view(tokens, out_stride)
     gres = k_rout if res_in_place else ws.buffers["gres"].view(tokens, stride)
     hint = 16 if _host.aligned(gout, cfg.block) and _host.aligned(gres, cfg.block) else None
     grid = max(1, min(cfg.programs or share, plan.max_programs))  # one program per row of a share
     runtime.launch(
         _rs_rmsnorm_kernel, grid, ws.sync, ws.buffers["launches"],
-        inp, res, weight, k_out, k_rout, gout, gres, ws.buffers["partials"], ws.buffers["rs_flags"],
-        ws.buffers["ag_flags"], tokens, hidden, eps, share, stride, inp.stride(0), res.stride(0),
+        inp, res, weight, k_out, k_rout, scales, gout, gres, ws.buffers["gscales"], ws.buffers["partials"],
+        ws.buffers["rs_flags"], ws.buffers["ag_flags"], tokens, hidden, eps, share, stride, inp.stride(0),
+        res.stride(0),
         k_out.stride(0), k_rout.stride(0), gout.stride(0), gres.stride(0),
         OUT_IN_PLACE=out_in_place, RES_IN_PLACE=res_in_place, HINT=hint, num_warps=cfg.num_warps, **flags,
     )  # fmt: skip

@@ -24,6 +24,8 @@ PATHS = ("auto", "fused", "composed")
 NORM_FORMS = ("auto", "ll", "rs_ag")
 #: Largest number of persistent programs a fused op launches (the sync slots of a workspace).
 MAX_PROGRAMS = 1024
+#: The float8 input dtypes of the fused GEMM ops.
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 # --------------------------------------------------------------------------- shared checks
@@ -263,8 +265,11 @@ def select(
     by reading B in few long K loops) 64x128x128 tiles, 4 warps, 4 stages, TMA (128x64x128
     above 64 rows; up to 16 rows 16x128x256 with 3 stages and pointer loads, which waste
     no tensor-core rows on padding: 37-46 us instead of 44-59 us at M = 1 and 16);
-    128x128x32 with pointer loads for tf32. Under the interpreter small tiles
-    keep interpreted programs cheap.
+    128x128x32 with pointer loads for tf32. Float8 (not yet measured): the 16-bit table
+    with twice the K step (the same bytes per pipeline stage), at most 256, and at least 64
+    rows a tile (``wgmma``: Hopper has no float8 ``mma.sync``), so decode shapes get the
+    64x128 tiles, through TMA. Under the interpreter small tiles keep interpreted programs
+    cheap.
     """
     check_config(config)
     config = config or Config()
@@ -273,7 +278,7 @@ def select(
     elif dtype == torch.float32:
         bm, bn, bk, warps, stages, group = (64, 64, 64, 4, 3, 8) if rows <= 64 else (128, 128, 32, 8, 3, 8)
         sms = device_sms
-    elif rows <= 16:
+    elif rows <= 16 and dtype not in FP8:
         bm, bn, bk, warps, stages, group = 16, 128, 256, 4, 3, 8
         sms = device_sms
     elif rows <= 128:
@@ -290,9 +295,11 @@ def select(
     # 8192 x 8192 x 4096, 148 vs 183 us at M = 1024); pointer loads for tf32, for the
     # 16-row decode tiles (as fast or faster there: 36.8 vs 38.4 us, matmul_all_reduce at
     # M = 1) and under the interpreter.
+    if dtype in FP8 and not interpreted:
+        bk = min(2 * bk, 256)
     tma = config.tma
     if tma is None:
-        tma = not interpreted and dtype != torch.float32 and rows > 16
+        tma = not interpreted and dtype != torch.float32 and (rows > 16 or dtype in FP8)
     return dataclasses.replace(
         config,
         block_m=config.block_m or bm,

@@ -33,8 +33,8 @@ def choose_split(m: int, n: int, size: int, cfg: Config) -> bool:
     return waste(n, cfg.block_n) < waste(m, cfg.block_m)
 
 
-def _check(out, a, b, bias, *, group, **_) -> None:
-    _, _, m, _, n = _host.check_call(_OP, out, a, b, bias, group)
+def _check(out, a, b, bias, *, scale_a, scale_b, group, **_) -> None:
+    _, _, m, _, n = _host.check_call(_OP, out, a, b, bias, group, scale_a, scale_b)
     _host.check_shape(_OP, out, (m, n), "a's rows, b's columns")
     _host.check_bias(_OP, bias, n)
 
@@ -45,6 +45,7 @@ _OP = "matmul_all_reduce"
 @_host.gemm_op(_OP, _check)
 def matmul_all_reduce(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+    scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
     group=None, async_op: bool = False, config: Config | None = None,
     workspace: Workspace | None = None,
 ) -> Work | None:  # fmt: skip
@@ -58,6 +59,14 @@ def matmul_all_reduce(
     tensor on a symmetric heap spanning ``group``; any other ``out`` is written through the
     workspace and copied.
 
+    Float8 ``a`` and ``b`` (``torch.float8_e4m3fn`` / ``float8_e5m2``, either for each)
+    multiply on float8 tensor cores; ``out`` (and ``bias``) is bf16 or fp32, and the
+    partial products are exchanged in ``out``'s dtype.
+
+    :param scale_a: float8 only: ``a``'s scale (``value = fp8 x scale``, as
+        :func:`torch._scaled_mm` takes it), a one-element float32 tensor or ``[M, 1]`` (per
+        row); this rank's own. None: 1.
+    :param scale_b: float8 only: ``b``'s, one element or ``[1, N]`` (per column). None: 1.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
     :param config: a :class:`Config` (``split`` picks the ownership dimension); None picks
@@ -70,14 +79,14 @@ def matmul_all_reduce(
     m, _, n = _host.matmul_dims(op, a, b)
     if _select.path(op, m * n * a.shape[1], len(ranks), a.device, config) == "composed":
         kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
-        _composed.matmul_all_reduce(out, a, b, bias, **kw)
+        _composed.matmul_all_reduce(out, a, b, bias, scale_a, scale_b, **kw)
         return _host.finish(a.device, async_op)
     size = len(ranks)
     cfg = _host.resolve(m, n, a, config, wide=True)
     split_n = choose_split(m, n, size, cfg)
     chunk = (m, _host.cdiv(n, size)) if split_n else (_host.cdiv(m, size), n)
     _reduce.run(
-        op, out, a, b, bias, split_n=split_n, chunk=chunk, all_reduce=True,
+        op, out, a, b, bias, scale_a=scale_a, scale_b=scale_b, split_n=split_n, chunk=chunk, all_reduce=True,
         ranks=ranks, index=index, cfg=cfg, workspace=workspace, group=group,
     )  # fmt: skip
     return _host.finish(a.device, async_op)

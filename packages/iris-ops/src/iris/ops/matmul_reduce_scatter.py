@@ -20,8 +20,8 @@ from .workspace import Workspace
 _OP = "matmul_reduce_scatter"
 
 
-def _check(out, a, b, bias, *, scatter_dim, group, **_) -> None:
-    ranks, _, m, _, n = _host.check_call(_OP, out, a, b, bias, group)
+def _check(out, a, b, bias, *, scale_a, scale_b, scatter_dim, group, **_) -> None:
+    ranks, _, m, _, n = _host.check_call(_OP, out, a, b, bias, group, scale_a, scale_b)
     if scatter_dim not in (0, 1) or isinstance(scatter_dim, bool):
         raise ValueError(f"{_OP}: scatter_dim must be 0 (rows) or 1 (columns), got {scatter_dim!r}")
     size = len(ranks)
@@ -34,8 +34,8 @@ def _check(out, a, b, bias, *, scatter_dim, group, **_) -> None:
 @_host.gemm_op(_OP, _check)
 def matmul_reduce_scatter(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
-    scatter_dim: int = 0, group=None, async_op: bool = False, config: Config | None = None,
-    workspace: Workspace | None = None,
+    scatter_dim: int = 0, scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+    group=None, async_op: bool = False, config: Config | None = None, workspace: Workspace | None = None,
 ) -> Work | None:  # fmt: skip
     """``out = reduce_scatter(a @ b, scatter_dim) + bias`` over the ranks of ``group``.
 
@@ -45,8 +45,13 @@ def matmul_reduce_scatter(
     ``scatter_dim=1``: ``out`` is ``(M, N/G)``, rank ``r`` keeping columns
     ``[r*N/G, (r+1)*N/G)``; N must be divisible by G. ``bias`` is ``(N,)`` or None, the same
     on every rank, added once (rank ``r`` adds its slice). bf16, fp16 or fp32 (tf32), all the
-    same; partials are exchanged in that dtype and summed in fp32.
+    same; partials are exchanged in that dtype and summed in fp32. Float8 ``a`` and ``b``
+    (either format each) with ``out`` and ``bias`` in bf16 or fp32: partials in ``out``'s dtype.
 
+    :param scale_a: float8 only: ``a``'s scale (``value = fp8 x scale``, as
+        :func:`torch._scaled_mm` takes it), a one-element float32 tensor or ``[M, 1]`` (per
+        row); this rank's own. None: 1.
+    :param scale_b: float8 only: ``b``'s, one element or ``[1, N]`` (per column). None: 1.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
     :param config: a :class:`Config`; None picks the best known for the shape.
@@ -63,11 +68,12 @@ def matmul_reduce_scatter(
     chunk = (m // size, n) if scatter_dim == 0 else (m, n // size)
     if _select.path(op, m * n * a.shape[1], size, a.device, config) == "composed":
         kw = {"ranks": ranks, "index": index, "group": group, "workspace": workspace}
-        _composed.matmul_reduce_scatter(out, a, b, bias, scatter_dim=scatter_dim, **kw)
+        _composed.matmul_reduce_scatter(out, a, b, bias, scale_a, scale_b, scatter_dim=scatter_dim, **kw)
         return _host.finish(a.device, async_op)
     cfg = _host.resolve(chunk[0], chunk[1], a, config, wide=True)
     _reduce.run(
-        op, out, a, b, bias, split_n=scatter_dim == 1, chunk=chunk, all_reduce=False,
+        op, out, a, b, bias, scale_a=scale_a, scale_b=scale_b, split_n=scatter_dim == 1, chunk=chunk,
+        all_reduce=False,
         ranks=ranks, index=index, cfg=cfg, workspace=workspace, group=group,
     )  # fmt: skip
     return _host.finish(a.device, async_op)
