@@ -99,7 +99,7 @@ def main() -> int:
             return report(rank, world, errors, on_cpu(heap, errors))
         src = torch.arange(N, dtype=torch.float32, device=device) + 10000.0 * rank
         want = torch.empty(world * N, device=device)
-        dist.all_gather_into_tensor(want, src)
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(want, src)
 
         # 1. The hand-written kernel: the buffers peers write into live on the heap.
         gathered = heap.zeros(world * N)

@@ -17,6 +17,10 @@ shows on the rendered page:
 ``% continue`` / ``<!-- continue -->``
     the block continues the program of the page's previous Python block: both run as one
     program, reported under the first block's line.
+``% ranks: <n>`` / ``<!-- ranks: <n> -->``
+    the block's program runs under torchrun with ``n`` processes instead of :data:`RANKS`
+    (a page's example that must hold at any world size, such as one that splits a layer
+    three ways).
 
 A failure names the block (``docs/page.md:LINE``) and its traceback points at lines of the
 markdown file.
@@ -48,7 +52,7 @@ TIMEOUT_WORLD = 180.0
 
 _FENCE = re.compile(r"^(?P<indent> {0,3}|\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*?)\s*$")
 _MARKER = re.compile(
-    r"^\s*(?:%|<!--)\s*(?P<kind>skip-test|continue)\b\s*(?::\s*(?P<reason>.*?))?\s*(?:-->)?\s*$"
+    r"^\s*(?:%|<!--)\s*(?P<kind>skip-test|continue|ranks)\b\s*(?::\s*(?P<reason>.*?))?\s*(?:-->)?\s*$"
 )
 _PYTHON_INFO = re.compile(r"^(?:python3?|py|\{code-block\}\s+python3?|\{code\}\s+python3?)$")
 _MULTI_RANK = re.compile(r"\biris\.mem\.init\b|\biris\.(?:ccl|ops)\b|\btorch\.distributed\b|\bdist\.")
@@ -67,6 +71,7 @@ class Block:
     code: str
     skip: str | None = None
     cont: bool = False
+    ranks: int | None = None
 
 
 @dataclasses.dataclass
@@ -98,6 +103,8 @@ class Program:
 
     @property
     def ranks(self) -> int:
+        if self.blocks[0].ranks is not None:
+            return self.blocks[0].ranks
         return RANKS if _MULTI_RANK.search(self.source) else 1
 
     def markdown_line(self, program_line: int) -> tuple[Path, int] | None:
@@ -144,6 +151,10 @@ def parse_blocks(text: str, path: Path) -> list[Block]:
                 if not reason:
                     raise MarkdownError(f"{path}:{start + 1}: 'skip-test' needs a reason: skip-test: <why>")
                 block.skip = reason
+            elif kind == "ranks":
+                if not reason.isdigit() or not 1 <= int(reason) <= 8:
+                    raise MarkdownError(f"{path}:{start + 1}: 'ranks' needs a number of ranks (1-8): ranks: <n>")
+                block.ranks = int(reason)
             else:
                 block.cont = True
         blocks.append(block)
@@ -308,6 +319,7 @@ def test_markers(tmp_path: Path) -> None:
     assert progs[2].source == "y = 2\n"
     assert [p.ranks for p in progs] == [1, 1, 1]
     assert programs_of(_page(tmp_path, "```python\nimport iris.ccl\n```\n"))[0].ranks == RANKS
+    assert programs_of(_page(tmp_path, "% ranks: 3\n```python\nimport iris.ccl\n```\n"))[0].ranks == 3
 
 
 def test_marker_errors(tmp_path: Path) -> None:
@@ -315,6 +327,8 @@ def test_marker_errors(tmp_path: Path) -> None:
     assert prog.error and "needs a reason" in prog.error
     (prog,) = programs_of(_page(tmp_path, "% continue\n```python\npass\n```\n"))
     assert prog.error and "no Python block before it" in prog.error
+    (prog,) = programs_of(_page(tmp_path, "% ranks: many\n```python\npass\n```\n"))
+    assert prog.error and "needs a number of ranks" in prog.error
 
 
 def test_broken_block_fails(tmp_path: Path) -> None:
