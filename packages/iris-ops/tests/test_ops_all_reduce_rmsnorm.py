@@ -11,6 +11,7 @@ processed in several pieces) or program count. The argument checks run without a
 
 import pytest
 import torch
+import torch.distributed as dist
 from ops_testutils import (
     BACKEND,
     assert_clean,
@@ -552,11 +553,16 @@ def test_bad_arguments_raise_clear_errors():
         (TypeError, "out has dtype torch.float8_e4m3fn but inp has torch.float32", (x.clone(), q.float(), w),
          dict(residual=x, residual_out=q)),
     ]  # fmt: skip
-    for exc, text, args, kwargs in cases:
-        with pytest.raises(exc, match=text.replace("[", r"\[").replace("]", r"\]")):
-            op(*args, **kwargs)
-    with pytest.raises(ValueError, match=r"out is on .* but inp is on meta"):
-        op(x.clone(), torch.zeros(4, 8, device="meta"), w)
+    had_world = dist.is_initialized()
+    try:
+        for exc, text, args, kwargs in cases:
+            with pytest.raises(exc, match=text.replace("[", r"\[").replace("]", r"\]")):
+                op(*args, **kwargs)
+        with pytest.raises(ValueError, match=r"out is on .* but inp is on meta"):
+            op(x.clone(), torch.zeros(4, 8, device="meta"), w)
+    finally:  # the first call made a world of one in this (pytest's) process: not left to later tests
+        if not had_world and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- GPUs only
