@@ -170,17 +170,21 @@ class Communicator:
         # send/recv state, on a group's send/recv heap only (see p2p.py): one mailbox slot
         # per sender, and int32 counters [4 (seq, ack, sent, received), size, tiles].
         self.p2p_mailbox = self.p2p_counters = None
-        if p2p:
-            nbytes = p2p_bytes(P2P_TILE_BYTES)
-            self.p2p_mailbox = heap.empty(self.size * nbytes, dtype=torch.uint8)
-            self.p2p_counters = heap.zeros(4 * self.size * (nbytes // P2P_TILE_BYTES), dtype=torch.int32)
-        elif owns_heap:
-            # Buffers whose flags and counters peers write must be zero on every member before
-            # any peer writes them: zeroed here, before the barrier that ends the making of
-            # the communicator, so that no call needs a host barrier of its own later (made on
-            # first use they cost one, in the middle of a call that has none otherwise).
-            for name in ZEROED_STAGING:
-                self._staging[name] = heap.zeros(self.staging_bytes, dtype=torch.uint8)
+        # The communicator keeps its buffers for the group's life: on the caller's heap they
+        # belong to no heap.scope() of the caller (which would free them at its end).
+        with heap.unscoped():
+            if p2p:
+                nbytes = p2p_bytes(P2P_TILE_BYTES)
+                self.p2p_mailbox = heap.empty(self.size * nbytes, dtype=torch.uint8)
+                self.p2p_counters = heap.zeros(4 * self.size * (nbytes // P2P_TILE_BYTES), dtype=torch.int32)
+            elif owns_heap:
+                # Buffers whose flags and counters peers write must be zero on every member
+                # before any peer writes them: zeroed here, before the barrier that ends the
+                # making of the communicator, so that no call needs a host barrier of its own
+                # later (made on first use they cost one, in the middle of a call that has none
+                # otherwise).
+                for name in ZEROED_STAGING:
+                    self._staging[name] = heap.zeros(self.staging_bytes, dtype=torch.uint8)
         heap.barrier()
         _log.debug(
             "communicator for group %s on %s heap (%d bytes, %s)",
@@ -209,7 +213,8 @@ class Communicator:
             raise RuntimeError(f"internal: staging buffer {name!r} is not one of {STAGING_NAMES}")
         buf = self._staging.get(name)
         if buf is None:
-            buf = self.heap.empty(max(nbytes, self.staging_bytes), dtype=torch.uint8)
+            with self.heap.unscoped():  # kept by the communicator, beyond any scope of the caller
+                buf = self.heap.empty(max(nbytes, self.staging_bytes), dtype=torch.uint8)
             _log.debug("staging buffer %r: %d bytes, group %s", name, buf.numel(), self.global_ranks)
             if zero:
                 buf.zero_()
