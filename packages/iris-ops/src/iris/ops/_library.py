@@ -221,7 +221,9 @@ def all_reduce_rmsnorm(
     and ``out = rmsnorm(s) * weight``."""
     out = torch.empty_like(inp, memory_format=torch.contiguous_format)
     residual_out = torch.empty_like(inp, memory_format=torch.contiguous_format)
-    all_reduce_rmsnorm_(out, inp, weight, eps, residual, residual_out, group, config)
+    # every argument given: torch 2.11's in-place bookkeeping indexes the mutated arguments
+    # (scales_out is the 10th) among the ones passed
+    all_reduce_rmsnorm_(out, inp, weight, eps, residual, residual_out, group, config, None, None)
     return out, residual_out
 
 

@@ -48,6 +48,7 @@ from .. import trace_format as fmt
 from .._version import __version__
 from ..bootstrap import Communicator
 from ..log import get_logger
+from ..machine import kept_tensor
 from ..trace_render import load_trace, render
 from ..utils import global_timer
 
@@ -92,7 +93,7 @@ class HeapTracing:
         self._interpreted = interpreted
         self._backend = backend
         self._names: dict[int, str] = {}
-        self._idle = self._new_buffer(0)
+        self._idle = self._idle_buffer()
         self._buffer = self._idle
         self._clock0: tuple[int, int] | None = None
         self._origin_ns = 0
@@ -113,6 +114,15 @@ class HeapTracing:
     def buffer(self) -> torch.Tensor:
         """The raw int64 trace buffer on the heap's device (layout: :mod:`iris.mem.trace_format`)."""
         return self._buffer
+
+    def _idle_buffer(self) -> torch.Tensor:
+        """The buffer of a heap that is not tracing (no room for events), kept for the heap's
+        life: made outside any CUDA graph pool (a heap made by an op's first call inside
+        ``torch.compile(mode="reduce-overhead")`` would otherwise leave it there)."""
+        words = [0] * fmt.buffer_words(0)
+        words[fmt.CAPACITY] = 0
+        words[-fmt.GUARD_WORDS :] = [fmt.GUARD] * fmt.GUARD_WORDS
+        return kept_tensor(words, torch.int64, self._device)
 
     def _new_buffer(self, max_events: int) -> torch.Tensor:
         buffer = torch.zeros(fmt.buffer_words(max_events), dtype=torch.int64, device=self._device)
