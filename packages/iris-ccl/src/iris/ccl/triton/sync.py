@@ -1,6 +1,7 @@
 """Device-side helpers of the collectives: the start of a persistent tile kernel, the
-combine of a reduction and the launch counter of the flag-in-data kernels. The group barrier itself lives in
-:mod:`iris.mem.triton.sync` (shared with the heap's device barrier and the fused ops)."""
+combine of a reduction and the launch counter of the flag-in-data kernels. The group
+barrier itself lives in :mod:`iris.mem.triton.sync` (shared with the heap's device barrier
+and the fused ops)."""
 
 import triton
 import triton.language as tl
