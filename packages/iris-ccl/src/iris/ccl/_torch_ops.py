@@ -54,13 +54,21 @@ def _cfg(config: str) -> Config | None:
 # --------------------------------------------------------------------------- mutating forms
 
 
-@torch.library.custom_op(f"{NAMESPACE}::all_reduce_", mutates_args=("out",))
-def all_reduce_(
-    out: torch.Tensor, inp: torch.Tensor, op: str = "sum", group: str = "", config: str = ""
-) -> None:
-    """``iris.ccl.all_reduce(out, inp)``."""
+def _reducing(name: str, run):
+    """The mutating op ``<name>_`` of the reducing collective ``run`` (``all_reduce`` and
+    ``reduce_scatter`` take the same arguments)."""
 
-    run_all_reduce(out, inp, op=op, group=resolve_group(group), config=_cfg(config))
+    def mutating(
+        out: torch.Tensor, inp: torch.Tensor, op: str = "sum", group: str = "", config: str = ""
+    ) -> None:
+        run(out, inp, op=op, group=resolve_group(group), config=_cfg(config))
+
+    mutating.__name__ = mutating.__qualname__ = f"{name}_"
+    mutating.__doc__ = f"``iris.ccl.{name}(out, inp)``."
+    return torch.library.custom_op(f"{NAMESPACE}::{name}_", mutating, mutates_args=("out",))
+
+
+all_reduce_ = _reducing("all_reduce", run_all_reduce)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::all_gather_", mutates_args=("out",))
@@ -70,13 +78,7 @@ def all_gather_(out: torch.Tensor, inp: torch.Tensor, group: str = "", config: s
     run_all_gather(out, inp, group=resolve_group(group), config=_cfg(config))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::reduce_scatter_", mutates_args=("out",))
-def reduce_scatter_(
-    out: torch.Tensor, inp: torch.Tensor, op: str = "sum", group: str = "", config: str = ""
-) -> None:
-    """``iris.ccl.reduce_scatter(out, inp)``."""
-
-    run_reduce_scatter(out, inp, op=op, group=resolve_group(group), config=_cfg(config))
+reduce_scatter_ = _reducing("reduce_scatter", run_reduce_scatter)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::all_to_all_", mutates_args=("out",))

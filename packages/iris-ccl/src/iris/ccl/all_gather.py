@@ -34,13 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.mem.triton.group import enter_group
-
 from . import _copy_engine, _host, _plan, entry
 from ._plan import Plan
 from .config import Config
 from .gluon.all_gather import _push_kernel as _gluon_push_kernel
 from .triton import tiles
+from .triton.sync import enter_tiles
 from .variants import Variant
 from .work import Work
 
@@ -57,11 +56,10 @@ def _exchange_kernel(
     :func:`~iris.ccl.triton.tiles.all_gather_pull`) tiles ``p, p + P, ...`` between one start
     and one end barrier (which orders the remote stores before it: a CTA barrier and a
     release)."""
-    ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    ctx, group, pid, ntiles = enter_tiles(
+        context, members, flags, epochs, status, budget, n, RANK, WORLD, GROUP, ME, BLOCK, SIG
     )
     t = pid
-    ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)
         if PUSH:

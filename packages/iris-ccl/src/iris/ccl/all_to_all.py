@@ -34,12 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.mem.triton.group import enter_group
-
 from . import _copy_engine, _host, _plan, _uneven, entry
 from ._plan import Plan
 from .config import Config
 from .triton import tiles
+from .triton.sync import enter_tiles
 from .variants import Variant
 from .work import Work
 
@@ -54,11 +53,10 @@ def _exchange_kernel(
     """Persistent: program ``p`` pushes (``PUSH``: stores remotely) or pulls (loads
     remotely) tiles ``p, p + P, ...`` of every chunk between one start and one end barrier
     (which orders the remote stores before it: a CTA barrier and a release)."""
-    ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    ctx, group, pid, ntiles = enter_tiles(
+        context, members, flags, epochs, status, budget, n, RANK, WORLD, GROUP, ME, BLOCK, SIG
     )
     t = pid
-    ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n

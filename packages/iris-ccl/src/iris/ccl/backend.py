@@ -319,14 +319,20 @@ class IrisProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> dist.Work:
+    def _coalesced(self, kind: str, outputs, inputs, opts, options: type, prepare) -> dist.Work:
+        """A ``*_coalesced`` call (``opts``: an ``options`` or None): on :attr:`host_group` without
+        inputs or off Iris's device; else ``prepare(inputs, opts)`` (which may reject the call)
+        returns the function run on each pair of an output and an input."""
         outputs, inputs = list(outputs), list(inputs)
-        opts = _pg_args.options(opts, _C.AllgatherOptions)
+        opts = _pg_args.options(opts, options)
         if not inputs or not self._on_iris(inputs[0].device):
-            return self._host("all_gather_single_coalesced", outputs, inputs, opts)
-        return self._run(
-            inputs[0].device, outputs, lambda: [self._all_gather(o, x) for o, x in zip(outputs, inputs)]
-        )
+            return self._host(kind, outputs, inputs, opts)
+        each = prepare(inputs, opts)
+        return self._run(inputs[0].device, outputs, lambda: [each(o, x) for o, x in zip(outputs, inputs)])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> dist.Work:
+        kind, options = "all_gather_single_coalesced", _C.AllgatherOptions
+        return self._coalesced(kind, outputs, inputs, opts, options, lambda *_: self._all_gather)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -354,16 +360,12 @@ class IrisProcessGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> dist.Work:
-        outputs, inputs = list(outputs), list(inputs)
-        opts = _pg_args.options(opts, _C.ReduceScatterOptions)
-        if not inputs or not self._on_iris(inputs[0].device):
-            return self._host("reduce_scatter_single_coalesced", outputs, inputs, opts)
-        red = self._reduction(opts, inputs, "reduce_scatter_tensor")
-        return self._run(
-            inputs[0].device,
-            outputs,
-            lambda: [self._reduce_scatter(o, x, red) for o, x in zip(outputs, inputs)],
-        )
+        def prepare(inputs: list[torch.Tensor], opts):
+            red = self._reduction(opts, inputs, "reduce_scatter_tensor")
+            return lambda o, x: self._reduce_scatter(o, x, red)
+
+        kind, options = "reduce_scatter_single_coalesced", _C.ReduceScatterOptions
+        return self._coalesced(kind, outputs, inputs, opts, options, prepare)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -446,45 +448,43 @@ class IrisProcessGroup(dist.ProcessGroup):
 
         return self._run(t.device, [t], call)
 
+    def _rooted(self, kind: str, outputs, inputs, opts, chunk: torch.Tensor, call) -> dist.Work:
+        """A gather or scatter in which this rank holds ``chunk`` and the root the list of every
+        rank's: on :attr:`host_group` unless ``chunk`` is on Iris's device; else the root's
+        list is checked and ``call(root, is_root)`` runs the iris.ccl call."""
+        if not self._on_iris(chunk.device):
+            return self._host(kind, outputs, inputs, opts)
+        root = self._global(opts.rootRank, f"dist.{kind}")
+        is_root = dist.get_rank() == root
+        lists = outputs if kind == "gather" else inputs  # the root's list is in lists[0]
+        if is_root:
+            _pg_args.check_list(self._iris_size, lists[0], chunk, kind)
+        received = [chunk] if kind == "scatter" else lists[0] if is_root else []
+        return self._run(chunk.device, received, lambda: call(root, is_root))
+
     def gather(self, output_tensors, input_tensors, opts=None, timeout=None) -> dist.Work:
         outputs, inputs, opts = _pg_args.gather(output_tensors, input_tensors, opts, timeout)
         inp = inputs[0]
-        if not self._on_iris(inp.device):
-            return self._host("gather", outputs, inputs, opts)
-        root = self._global(opts.rootRank, "dist.gather")
-        is_root = dist.get_rank() == root
-        if is_root:
-            _pg_args.check_list(self._iris_size, outputs[0], inp, "gather")
 
-        def call() -> None:
-            flat = (
-                torch.empty(self._iris_size * inp.numel(), dtype=inp.dtype, device=inp.device)
-                if is_root
-                else None
-            )
+        def call(root: int, is_root: bool) -> None:
+            flat = inp.new_empty(self._iris_size * inp.numel()) if is_root else None
             wired = _pg_args.wire(flat) if is_root else None
             _ccl().gather(wired, _pg_args.wire(inp), root, group=self.host_group, config=self.options.config)
             if is_root:
                 _pg_args.unpack(flat, outputs[0])
 
-        return self._run(inp.device, outputs[0] if is_root else [], call)
+        return self._rooted("gather", outputs, inputs, opts, inp, call)
 
     def scatter(self, output_tensors, input_tensors, opts=None, timeout=None) -> dist.Work:
         outputs, inputs, opts = _pg_args.scatter(output_tensors, input_tensors, opts, timeout)
         out = outputs[0]
-        if not self._on_iris(out.device):
-            return self._host("scatter", outputs, inputs, opts)
-        root = self._global(opts.rootRank, "dist.scatter")
-        is_root = dist.get_rank() == root
-        if is_root:
-            _pg_args.check_list(self._iris_size, inputs[0], out, "scatter")
 
-        def call() -> None:
+        def call(root: int, is_root: bool) -> None:
             flat = torch.cat([_pg_args.flat(t) for t in inputs[0]]) if is_root else None
             wired = _pg_args.wire(flat) if is_root else None
             _ccl().scatter(_pg_args.wire(out), wired, root, group=self.host_group, config=self.options.config)
 
-        return self._run(out.device, [out], call)
+        return self._rooted("scatter", outputs, inputs, opts, out, call)
 
     # ---- point to point ------------------------------------------------------------------
 

@@ -38,15 +38,14 @@ def gather(
 
     :param out: on ``dst``, ``group size * inp.numel()`` elements of ``inp``'s dtype (for
         example ``[group size, *inp.shape]``, like ``torch.distributed.gather``'s list
-        stacked), contiguous or not; ignored, and may be None, on the other ranks.
+        stacked), any tensor (only written locally); ignored, and may be None, on the other
+        ranks.
     :param inp: this rank's contribution: any shape, contiguous or not, the same number of
         elements and dtype on every rank.
     :param dst: global rank of the root (as in ``torch.distributed``), a member of ``group``.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
     :param config: a :class:`Config`; None picks by size.
-
-    The root's ``out`` is only written locally, so it may be any tensor.
     """
     root, is_root, m, comm, in_place, cfg = _rooted.setup_chunked("gather", inp, dst, group, config)
     src_all = _rooted.flat(inp)

@@ -37,6 +37,7 @@ from ._plan import Plan
 from .config import Config
 from .reduce_op import ReduceOp
 from .triton import tiles
+from .triton.sync import enter_tiles
 from .variants import Variant
 from .work import Work
 
@@ -50,11 +51,10 @@ def _pull_kernel(
 ):  # fmt: skip
     """Persistent: program ``p`` reduces tiles ``p, p + P, ...`` of this rank's chunk
     between one start and one end barrier."""
-    ctx, group, pid = enter_group(
-        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    ctx, group, pid, ntiles = enter_tiles(
+        context, members, flags, epochs, status, budget, n, RANK, WORLD, GROUP, ME, BLOCK, SIG
     )
     t = pid
-    ntiles = tl.cdiv(n, BLOCK)
     while t < ntiles:
         offs = t * BLOCK + tl.arange(0, BLOCK)
         tiles.reduce_scatter_pull(

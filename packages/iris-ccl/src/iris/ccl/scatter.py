@@ -42,19 +42,18 @@ def scatter(
     config: Config | None = None,
 ) -> Work | None:  # fmt: skip
     """Split ``inp`` of rank ``src`` into ``group``'s size equal chunks (in flat element
-    order) and write chunk ``i`` into ``out`` of the ``i``-th rank of ``group``.
+    order) and write chunk ``i`` into ``out`` of the ``i``-th rank of ``group``: the mirror
+    of :func:`~iris.ccl.gather`, with the roles of ``out`` and ``inp`` swapped.
 
-    :param out: this rank's chunk: any shape, contiguous or not, the same number of
-        elements and dtype on every rank.
-    :param inp: on ``src``, ``group size * out.numel()`` elements of ``out``'s dtype (for
-        example ``[group size, *out.shape]``, like ``torch.distributed.scatter``'s list
-        stacked); ignored, and may be None, on the other ranks.
+    :param out: this rank's chunk, as ``inp`` of :func:`~iris.ccl.gather` (any shape and
+        layout; the same number of elements and dtype on every rank).
+    :param inp: on ``src``, as ``out`` of :func:`~iris.ccl.gather` (for example ``[group
+        size, *out.shape]``, like ``torch.distributed.scatter``'s list stacked), any tensor
+        (only read locally); ignored, and may be None, on the other ranks.
     :param src: global rank of the source (as in ``torch.distributed``), a member of ``group``.
     :param group: torch.distributed group, or None for the world.
     :param async_op: return a :class:`Work` handle instead of None.
     :param config: a :class:`Config`; None picks by size.
-
-    The root's ``inp`` is only read locally, so it may be any tensor.
     """
     root, is_root, m, comm, in_place, cfg = _rooted.setup_chunked("scatter", out, src, group, config)
     src_all = _rooted.flat(inp) if is_root else None

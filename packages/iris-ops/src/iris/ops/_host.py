@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import Any
 
 import torch
@@ -126,12 +128,36 @@ def scale_operand(scale: torch.Tensor | None, dim: int, placeholder: torch.Tenso
     return scale, (0 if scale.numel() == 1 else scale.stride(dim)), True
 
 
+#: What the docstrings of ``matmul_all_gather``, ``matmul_all_reduce`` and
+#: ``matmul_reduce_scatter`` say alike; :func:`gemm_op` puts it where a docstring has the
+#: line ``{GEMM_PARAMS}``, at that line's indentation.
+GEMM_PARAMS = """\
+:param scale_a: float8 only: ``a``'s scale (``value = fp8 x scale``, as
+    :func:`torch._scaled_mm` takes it), a one-element float32 tensor or ``[M, 1]`` (per
+    row); this rank's own. None: 1.
+:param scale_b: float8 only: ``b``'s, one element or ``[1, N]`` (per column). None: 1.
+:param group: torch.distributed group, or None for the world.
+:param async_op: return a :class:`~iris.ccl.Work` handle instead of None."""
+
+
 def gemm_op(name: str, validate, a: str = "a"):
     """The :func:`iris.ccl.entry.op` decorator of a fused GEMM op ``name``: tensors ``out``,
     ``a`` (named ``a``), ``b``, ``bias``, ``scale_a``, ``scale_b``; it runs on ``a``'s device
-    and returns ``out``."""
+    and returns ``out``. A ``{GEMM_PARAMS}`` line of the docstring becomes :data:`GEMM_PARAMS`."""
     tensors = ("out", a, "b", "bias", "scale_a", "scale_b")
-    return entry.op(name, tensors=tensors, outputs=("out",), device=a, validate=validate)
+    register = entry.op(name, tensors=tensors, outputs=("out",), device=a, validate=validate)
+
+    def decorate(fn):
+        if fn.__doc__:  # None under python -OO
+            fn.__doc__ = re.sub(
+                r"^( *)\{GEMM_PARAMS\}$",
+                lambda line: textwrap.indent(GEMM_PARAMS, line[1]),
+                fn.__doc__,
+                flags=re.MULTILINE,
+            )
+        return register(fn)
+
+    return decorate
 
 
 def check_call(op: str, out, a, b, bias, group, scale_a=None, scale_b=None) -> tuple:

@@ -46,8 +46,7 @@ _OP = "matmul_all_reduce"
 def matmul_all_reduce(
     out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
-    group=None, async_op: bool = False, config: Config | None = None,
-    workspace: Workspace | None = None,
+    group=None, async_op: bool = False, config: Config | None = None, workspace: Workspace | None = None,
 ) -> Work | None:  # fmt: skip
     """``out = all_reduce(a @ b) + bias`` over the ranks of ``group``, in one kernel.
 
@@ -63,12 +62,7 @@ def matmul_all_reduce(
     multiply on float8 tensor cores; ``out`` (and ``bias``) is bf16 or fp32, and the
     partial products are exchanged in ``out``'s dtype.
 
-    :param scale_a: float8 only: ``a``'s scale (``value = fp8 x scale``, as
-        :func:`torch._scaled_mm` takes it), a one-element float32 tensor or ``[M, 1]`` (per
-        row); this rank's own. None: 1.
-    :param scale_b: float8 only: ``b``'s, one element or ``[1, N]`` (per column). None: 1.
-    :param group: torch.distributed group, or None for the world.
-    :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
+    {GEMM_PARAMS}
     :param config: a :class:`Config` (``split`` picks the ownership dimension); None picks
         the best known for the shape.
     :param workspace: a :class:`Workspace` to reuse across calls; None keeps one per

@@ -48,12 +48,7 @@ def matmul_reduce_scatter(
     same; partials are exchanged in that dtype and summed in fp32. Float8 ``a`` and ``b``
     (either format each) with ``out`` and ``bias`` in bf16 or fp32: partials in ``out``'s dtype.
 
-    :param scale_a: float8 only: ``a``'s scale (``value = fp8 x scale``, as
-        :func:`torch._scaled_mm` takes it), a one-element float32 tensor or ``[M, 1]`` (per
-        row); this rank's own. None: 1.
-    :param scale_b: float8 only: ``b``'s, one element or ``[1, N]`` (per column). None: 1.
-    :param group: torch.distributed group, or None for the world.
-    :param async_op: return a :class:`~iris.ccl.Work` handle instead of None.
+    {GEMM_PARAMS}
     :param config: a :class:`Config`; None picks the best known for the shape.
     :param workspace: a :class:`Workspace` to reuse across calls; None keeps one per
         signature internally.

@@ -1,12 +1,25 @@
-"""Device-side helpers of the collectives: the combine of a reduction and the launch
-counter of the flag-in-data kernels. The group barrier itself lives in
-:mod:`iris.mem.triton.sync` (shared with the heap's device barrier and the fused ops)."""
+"""Device-side helpers of the collectives: the start of a persistent tile kernel, the
+combine of a reduction and the launch counter of the flag-in-data kernels. The group
+barrier itself lives in :mod:`iris.mem.triton.sync` (shared with the heap's device barrier
+and the fused ops)."""
 
 import triton
 import triton.language as tl
 
+from iris.mem.triton.group import enter_group
 from iris.mem.triton.sync import enter_launch, group_sync, thread_fence
 from iris.mem.utils import record_timeout
+
+
+@triton.jit
+def enter_tiles(context, members, flags, epochs, status, budget, n, RANK, WORLD, GROUP, ME, BLOCK, SIG):
+    """The start of a persistent kernel over ``n`` elements in tiles of ``BLOCK``:
+    :func:`~iris.mem.triton.group.enter_group` (after the start barrier) and the number of
+    tiles, ``(ctx, group, pid, ntiles)``. The kernel's constexprs stay constexprs here."""
+    ctx, group, pid = enter_group(
+        context, members, flags, epochs, status, budget, RANK, WORLD, GROUP, ME, SIG=SIG
+    )
+    return ctx, group, pid, tl.cdiv(n, BLOCK)
 
 
 @triton.jit
@@ -41,6 +54,7 @@ __all__ = [
     "advance_launch_counter",
     "combine",
     "enter_launch",
+    "enter_tiles",
     "group_sync",
     "record_timeout",
     "thread_fence",
