@@ -523,7 +523,6 @@ def _bad_cases(rank):
         ("AVG on int32", lambda: ar(i32, i32.clone(), op=ccl.ReduceOp.AVG), ValueError, ["AVG", "int32"]),
         ("AVG on int64", lambda: ar(i32.long(), i32.long(), op="avg"), ValueError, ["AVG", "int64"]),
         ("unknown op", lambda: ar(f32, f32, op="prod"), ValueError, ["prod", "SUM"]),
-        ("PRODUCT op", lambda: ar(f32, f32, op=dist.ReduceOp.PRODUCT), ValueError, ["PRODUCT", "SUM"]),
         (
             "atomic MAX",
             lambda: ar(f32, f32, op="max", config=C(variant="atomic")),
@@ -611,4 +610,4 @@ def test_all_reduce_bad_input():
         # Same cases and exception types everywhere (messages may name this rank's device).
         mine, first = ([s[:2] for s in res["seen"]] for res in (results[r], results[0]))
         assert mine == first, f"rank {r} saw other errors than rank 0"
-    _assert_clean(results, min_cases=30)
+    _assert_clean(results, min_cases=29)

@@ -390,7 +390,6 @@ def bad_input_body(rank, world_size):
         ("AVG on int32", lambda: rs(ones(10, dtype=torch.int32), i32, op="avg"), ValueError,
          ["AVG", "int32"]),
         ("unknown op", lambda: rs(out, f32, op="prod"), ValueError, ["prod", "SUM"]),
-        ("PRODUCT op", lambda: rs(out, f32, op=dist.ReduceOp.PRODUCT), ValueError, ["PRODUCT"]),
         ("variant of another collective", lambda: rs(out, f32, config=_cfg("one_shot")), ValueError,
          ["one_shot", "push", "pull"]),
         ("group not a group", lambda: rs(out, f32, group="world"), TypeError, ["group"]),
@@ -424,4 +423,4 @@ def test_reduce_scatter_bad_input():
         # Same cases and exception types everywhere (messages may name this rank's device).
         mine, first = ([s[:2] for s in res["seen"]] for res in (results[r], results[0]))
         assert mine == first, f"rank {r} saw other errors than rank 0"
-    _assert_clean(results, min_cases=13)
+    _assert_clean(results, min_cases=12)
