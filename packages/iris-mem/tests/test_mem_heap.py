@@ -402,7 +402,7 @@ def _close_without_collector_body(rank: int, world_size: int) -> list[int]:
 
     gc.disable()
     seen = []
-    for _ in range(4):
+    for _ in range(6):
         heap = iris.mem.init(heap_size=1 << 20)
         heap.zeros(100)
         heap.device_barrier()
@@ -417,6 +417,8 @@ def _close_without_collector_body(rank: int, world_size: int) -> list[int]:
 @pytest.mark.skipif(BACKEND != "cpu", reason="counts the shared-memory mappings of the cpu backend")
 def test_close_releases_the_mapping_without_the_garbage_collector():
     """The heap's sync state refers to the heap: close() must break that cycle, or every
-    closed heap keeps its mapping and descriptors until the collector happens to run."""
+    closed heap keeps its mapping and descriptors until the collector happens to run (two
+    more per cycle). After the first cycles (which may load or map something once), five
+    cycles leave at most one more."""
     for seen in run_world(_close_without_collector_body, 2, timeout=120):
-        assert seen[-1] <= seen[0], f"mappings + descriptors grew over init/close cycles: {seen}"
+        assert seen[-1] - seen[0] <= 1, f"mappings + descriptors grew over init/close cycles: {seen}"
