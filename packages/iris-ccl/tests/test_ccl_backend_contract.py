@@ -710,8 +710,8 @@ def _two_streams_body(rank: int, world: int) -> list[str]:
 def test_calls_of_a_group_from_two_streams_run_in_order():
     """All-reduces of one iris group alternating between two CUDA streams, with no ordering
     between the streams, all give the right sums (the group orders them, as NCCL does)."""
-    if os.environ.get("IRIS_BACKEND", "cpu") != "cuda" or torch.cuda.device_count() < 2:
-        pytest.skip("needs the cuda backend and 2 GPUs (CUDA streams)")
+    if os.environ.get("IRIS_BACKEND", "cpu") != "cuda":
+        pytest.skip("needs the cuda backend (CUDA streams); 2 ranks, on one GPU or two")
     for bad in run_world(_two_streams_body, 2, timeout=300.0):
         assert not bad, bad
 
