@@ -153,7 +153,9 @@ def parse_blocks(text: str, path: Path) -> list[Block]:
                 block.skip = reason
             elif kind == "ranks":
                 if not reason.isdigit() or not 1 <= int(reason) <= 8:
-                    raise MarkdownError(f"{path}:{start + 1}: 'ranks' needs a number of ranks (1-8): ranks: <n>")
+                    raise MarkdownError(
+                        f"{path}:{start + 1}: 'ranks' needs a number of ranks (1-8): ranks: <n>"
+                    )
                 block.ranks = int(reason)
             else:
                 block.cont = True

@@ -44,6 +44,7 @@ def _run(args: list[str], timeout: float = 300.0) -> str:
     return output
 
 
+@pytest.mark.full  # about 30 s: the benchmark's own run, not a check of the ops
 @pytest.mark.skipif(not BENCH.is_file(), reason=f"{BENCH} not found (not a source checkout)")
 def test_bench_ops_smoke_runs_every_op(tmp_path):
     output = _run(["--smoke", "--reps", "2", "--out", str(tmp_path)])
