@@ -226,7 +226,7 @@ def heap_body(rank, world_size, dtypes):
     return {"bad": bad, "cases": cases}
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.full), 3])
 def test_all_gather_heap_tensors(world_size):
     dtypes = DTYPES if world_size == 2 else SMALL_DTYPES  # every dtype at 2 ranks
     _assert_clean(_run(world_size, heap_body, dtypes), min_cases=len(dtypes) * len(VARIANTS) * 5)

@@ -299,7 +299,7 @@ def heap_body(rank, world_size):
     return {"bad": bad, "cases": cases}
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.full), 3])
 def test_all_reduce_heap_tensors(world_size):
     _assert_clean(_run(world_size, heap_body), min_cases=40)
 

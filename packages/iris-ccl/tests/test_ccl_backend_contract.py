@@ -526,7 +526,7 @@ def _wait_timeout_body(rank: int, world: int) -> dict:
 
     iris_group, _ = _groups()
     if rank == 1:
-        time.sleep(12)  # never receives
+        time.sleep(8)  # never receives (while the sender waits its 2 s)
         return {}
     work = dist.isend(torch.ones(1 << 18), 1, group=iris_group)  # four mailboxes: waits for rank 1
     start = time.monotonic()
@@ -586,7 +586,7 @@ def _host_timeout_body(rank: int, world: int) -> dict:
 
     group = dist.new_group(backend="iris", timeout=datetime.timedelta(minutes=30))
     if rank == 1:
-        time.sleep(20)  # never makes the group's first collective
+        time.sleep(10)  # makes no collective before rank 0 has given up (4 s)
         return {}
     start = time.monotonic()
     try:

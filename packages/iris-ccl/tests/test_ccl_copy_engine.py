@@ -105,7 +105,9 @@ def copy_engine_body(rank, world_size):
     return {"bad": bad, "cases": cases}
 
 
-@pytest.mark.parametrize("world_size", [2, 3, pytest.param(4, marks=pytest.mark.full)])
+@pytest.mark.parametrize(
+    "world_size", [pytest.param(2, marks=pytest.mark.full), 3, pytest.param(4, marks=pytest.mark.full)]
+)
 def test_copy_engine_matches_torch_distributed(world_size):
     require_world(world_size)
     results = run_world(copy_engine_body, world_size, timeout=WORLD_TIMEOUT)

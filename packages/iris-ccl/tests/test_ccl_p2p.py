@@ -114,7 +114,7 @@ def ring_body(rank, world_size, members, sizes):
     return {"bad": bad, "cases": cases}
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.full), 3, 4])
 def test_send_recv_ring(world_size):
     sizes = SIZES + [1, 33, 4099] if world_size == 2 else SIZES + [33]
     _assert_clean(_run(world_size, ring_body, None, sizes), len(sizes))
@@ -393,7 +393,7 @@ def barrier_body(rank, world_size, members):
     return {"bad": bad, "cases": 1}
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, pytest.param(2, marks=pytest.mark.full), 3])
 def test_barrier(world_size):
     _assert_clean(_run(world_size, barrier_body, None))
 
