@@ -495,8 +495,9 @@ def chunked_body(rank, world_size):
     return {"bad": bad, "cases": cases}
 
 
-def test_all_reduce_larger_than_staging_buffer():
-    results = _run(3, chunked_body, env={"IRIS_CCL_STAGING_BYTES": str(STAGING)})
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.full)])
+def test_all_reduce_larger_than_staging_buffer(world_size):
+    results = _run(world_size, chunked_body, env={"IRIS_CCL_STAGING_BYTES": str(STAGING)})
     _assert_clean(results, min_cases=5 * len(ALL_VARIANTS))
 
 

@@ -10,7 +10,7 @@ its own per world size, since the suite reads its environment when it is importe
 On GPUs (``IRIS_BACKEND=cuda``, the GPU tier) the ranks are spawned and the suite's CUDA cases
 run too, on the GPUs the world has (one per rank).
 
-The default tier runs a representative third of them at world size 3 (:data:`DEFAULT`:
+The default tier runs a representative quarter of them at world size 3 (:data:`DEFAULT`:
 every collective, point to point with and without tags and profilers, groups, DDP on CPU);
 the ``full`` tier runs all of them at world sizes 2, 3 and 4. A test must pass, or be skipped
 by the suite itself for a reason that is not Iris's (:data:`TORCH_SKIPS`: no GPU, a world
@@ -39,18 +39,14 @@ IRIS_SKIPS = {
 }
 #: Beginnings of the reasons the suite itself skips tests for on a CPU machine.
 TORCH_SKIPS = ("CUDA is not available", "Need at least", "Skipped due to small world size")
-#: The default tier's third of the suite (world size 3).
+#: The default tier's quarter of the suite (world size 3): every kind of call once.
 DEFAULT = (
-    "test_all_reduce_sum", "test_all_reduce_sum_async", "test_all_reduce_product", "test_all_reduce_max",
-    "test_all_reduce_full_group_min", "test_all_reduce_complex_unsupported_ops",
-    "test_all_reduce_coalesced_max_complex_unsupported", "test_all_gather", "test_all_gather_complex",
-    "test_all_gather_coalesced_simple", "test_all_gather_coalesced_with_empty", "test_broadcast",
-    "test_reduce_sum", "test_reduce_product", "test_reduce_full_group_max", "test_scatter",
-    "test_scatter_checks", "test_gather", "test_gather_checks", "test_barrier", "test_barrier_full_group",
-    "test_send_recv", "test_send_recv_with_tag", "test_isend", "test_irecv", "test_send_recv_torch_profiler",
-    "test_isend_autograd_profiler", "test_get_rank_size_full_group", "test_destroy_full_group",
+    "test_all_reduce_sum_async", "test_all_reduce_product", "test_all_reduce_full_group_min",
+    "test_all_reduce_complex_unsupported_ops", "test_all_gather_complex", "test_all_gather_coalesced_simple",
+    "test_broadcast", "test_reduce_product", "test_scatter_checks", "test_gather_checks",
+    "test_barrier_full_group", "test_send_recv_with_tag", "test_isend", "test_irecv",
+    "test_send_recv_torch_profiler", "test_get_rank_size_full_group", "test_destroy_full_group",
     "test_get_backend", "test_Backend_enum_class", "test_DistributedDataParallelCPU",
-    "test_static_graph_api_cpu",
 )  # fmt: skip
 
 
@@ -98,9 +94,9 @@ def _check(results: dict, names) -> dict:
 
 
 def test_torch_suite_default_share():
-    """A third of PyTorch's process-group tests pass on the iris backend at world size 3."""
+    """A quarter of PyTorch's process-group tests pass on the iris backend at world size 3."""
     counts = _check(_run(3, DEFAULT, timeout=1200.0), DEFAULT)
-    assert counts["passed"] >= 30, counts
+    assert counts["passed"] >= len(DEFAULT) - 3, counts  # every one runs; the suite may skip a few itself
 
 
 @pytest.mark.full
